@@ -1,0 +1,122 @@
+"""The trainer-config contract: the `grpo.yaml` key of a job's ConfigMap.
+
+This file is the only interface between the operator (which renders it from a
+ColocGRPOJob) and the trainer (which reads it inside every pod). It imports no torch
+so the operator can use it. Bump `CONFIG_VERSION` on any incompatible change; the
+trainer refuses versions it does not know instead of guessing.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+CONFIG_VERSION = 1
+
+
+class _Strict(BaseModel):
+    # Unknown keys are an error: a renamed field must fail loudly, not vanish.
+    model_config = ConfigDict(extra="forbid")
+
+
+class SleepPolicy(str, enum.Enum):
+    """What vLLM does with its GPU memory between generations (see docs/sleep-policy.md)."""
+
+    OFF = "off"  # stays resident
+    LEVEL1 = "level1"  # weights offloaded to pinned CPU memory; wake restores them
+    LEVEL2 = "level2"  # weights discarded; every wake before a generate re-pushes all weights
+    AUTO = "auto"  # per generation: the cheaper correct choice, by measured cost
+
+
+class JobRef(_Strict):
+    name: str
+    namespace: str
+
+
+class ModelSettings(_Strict):
+    name_or_path: str
+    revision: str | None = None
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    attn_implementation: str | None = None
+
+
+class DatasetSettings(_Strict):
+    name_or_path: str
+    config_name: str | None = None
+    split: str = "train"
+    prompt_column: str = "problem"
+    # Gold answers for the accuracy reward; absent columns simply disable that reward's input.
+    solution_column: str = "solution"
+    system_prompt: str | None = None
+    chat_template: str | None = None
+    # Our own prompt truncation (TRL 1.16 dropped GRPOConfig.max_prompt_length), in tokens.
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+
+
+class RewardSettings(_Strict):
+    # A built-in name (accuracy, format, tag_count, ...) or "module:function".
+    function: str
+    weight: float = 1.0
+
+
+class VLLMSettings(_Strict):
+    enabled: bool = True
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, lt=1)
+    sleep_policy: SleepPolicy = SleepPolicy.AUTO
+    max_model_len: int | None = Field(default=None, gt=0)
+    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    # Move DeepSpeed optimizer (and parameter) state to CPU while vLLM generates.
+    offload_trainer_state: bool = False
+
+
+class CheckpointSettings(_Strict):
+    dir: str
+    save_steps: int | None = Field(default=None, gt=0)
+    resume: Literal["auto", "never"] = "auto"
+    save_final_model: bool = True
+    save_total_limit: int | None = Field(default=2, gt=0)
+
+
+class ProgressSettings(_Strict):
+    # Rank 0 patches status.progress of the job at most this often.
+    min_interval_seconds: float = Field(default=5.0, ge=0)
+    patch_status: bool = True
+
+
+class TrainerConfig(_Strict):
+    version: int = CONFIG_VERSION
+    job: JobRef
+    model: ModelSettings
+    dataset: DatasetSettings
+    rewards: list[RewardSettings] = Field(min_length=1)
+    # Where the user's reward ConfigMap is mounted; put on sys.path before resolving rewards.
+    reward_modules_dir: str | None = None
+    vllm: VLLMSettings
+    checkpoint: CheckpointSettings
+    progress: ProgressSettings = ProgressSettings()
+    # TRL GRPOConfig keyword arguments, in TRL's own names, passed through as-is.
+    grpo: dict[str, Any] = Field(default_factory=dict)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> TrainerConfig:
+        data = yaml.safe_load(text) or {}
+        version = data.get("version") if isinstance(data, dict) else None
+        if version != CONFIG_VERSION:
+            raise ValueError(
+                f"trainer config version {version!r} is not supported by this trainer "
+                f"(expects {CONFIG_VERSION}); the operator and trainer image are out of step"
+            )
+        return cls.model_validate(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainerConfig:
+        return cls.from_yaml(Path(path).read_text())
