@@ -14,7 +14,7 @@ import sys
 from colocgrpo_operator import __version__
 
 # Order here is the order in `colocgrpo --help`.
-SUBCOMMAND_MODULES: list[str] = []
+SUBCOMMAND_MODULES: list[str] = ["train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

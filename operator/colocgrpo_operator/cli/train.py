@@ -1,0 +1,26 @@
+"""`colocgrpo train --config FILE`: run the trainer in this process (needs the trainer extras)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="run a GRPO training job from a trainer config (what the pods run)",
+        description="Run a GRPO training job from a trainer config file (grpo.yaml). "
+        "Needs torch/transformers/trl (pip install 'colocgrpo[trainer]').",
+    )
+    parser.add_argument("--config", required=True, help="trainer config file (grpo.yaml)")
+    parser.set_defaults(func=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    # Imported here: the operator package never imports the trainer's heavy dependencies.
+    try:
+        from colocgrpo_training.entrypoint import main
+    except ImportError as err:
+        print(f"colocgrpo train: the trainer is not installed ({err}); pip install 'colocgrpo[trainer]'")
+        return 2
+    return main(["--config", args.config])
