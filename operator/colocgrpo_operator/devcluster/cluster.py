@@ -1,0 +1,133 @@
+"""Start, inspect and stop the local control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, kwok) on 127.0.0.1, plus the fake GPU node pool.
+
+kwokctl (`--runtime binary`) owns the processes: it starts them detached, records their pids
+under the cluster's folder and stops them on delete. All state lives under
+<cache>/cluster/clusters/<name>/; `down` removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from colocgrpo_operator.devcluster.binaries import Binaries, binaries_dir, ensure_binaries, kubectl_path
+from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
+from colocgrpo_operator.devcluster.kwokctl_config import render_kwokctl_config, write_fake_log
+from colocgrpo_operator.devcluster.paths import cache_dir
+
+DEFAULT_NAME = "colocgrpo"
+
+
+@dataclass
+class DevCluster:
+    name: str = DEFAULT_NAME
+    workdir: Path = field(default_factory=lambda: cache_dir() / "cluster")
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.workdir / "clusters" / self.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster_dir / "kubeconfig.yaml"
+
+    @property
+    def _config_file(self) -> Path:
+        return self.workdir / f"{self.name}.kwok.yaml"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def up(self, timeout: float = 120) -> Path:
+        """Build missing binaries, start the cluster unless it already answers, ensure the node pool.
+
+        Idempotent: a running cluster is reused. Returns the kubeconfig path.
+        """
+        binaries = ensure_binaries()
+        if not self.is_ready():
+            self._create(binaries, timeout)
+        self.ensure_gpu_nodes(timeout)
+        return self.kubeconfig
+
+    def down(self) -> None:
+        """Stop every process `up` started and remove the cluster's state."""
+        if self.cluster_dir.exists():
+            folder = binaries_dir()
+            if (folder / "kwokctl").is_file():
+                self._kwokctl(folder, "delete", "cluster", check=False)
+        shutil.rmtree(self.cluster_dir, ignore_errors=True)
+        self._config_file.unlink(missing_ok=True)
+
+    def is_ready(self) -> bool:
+        if not self.kubeconfig.is_file():
+            return False
+        probe = self.kubectl("get", "--raw", "/readyz", "--request-timeout=3s", check=False)
+        return probe.returncode == 0 and probe.stdout.strip() == "ok"
+
+    def status(self) -> dict:
+        nodes: list[str] = []
+        ready = self.is_ready()
+        if ready:
+            listing = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
+            nodes = [n["metadata"]["name"] for n in listing["items"]]
+        return {
+            "name": self.name,
+            "ready": ready,
+            "kubeconfig": str(self.kubeconfig) if self.kubeconfig.is_file() else None,
+            "state": str(self.cluster_dir),
+            "binaries": str(binaries_dir()),
+            "nodes": nodes,
+        }
+
+    # -- pieces ----------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """Run kubectl against this cluster (never the user's current context)."""
+        return subprocess.run(
+            [str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, check=check,
+        )
+
+    def ensure_gpu_nodes(self, timeout: float = 60) -> None:
+        """Create the fake GPU nodes (if absent) and wait until KWOK reports them Ready."""
+        nodes = render_gpu_nodes()
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
+        for node in nodes:
+            # Node status sent on create is not guaranteed to survive kwok's initialize stage
+            # racing it, so capacity is (re)asserted through the status subresource.
+            patch = json.dumps({"status": node["status"]})
+            self.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status",
+                         "--type=merge", "-p", patch)
+        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s")
+
+    def _create(self, binaries: Binaries, timeout: float) -> None:
+        if self.cluster_dir.exists():  # stale: processes gone or not answering
+            self.down()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fake_log = write_fake_log(self.workdir / f"{self.name}-fake-container.log")
+        self._config_file.write_text(render_kwokctl_config(binaries, fake_log))
+        self._kwokctl(
+            binaries.folder, "create", "cluster",
+            "--kubeconfig=",  # never touch ~/.kube/config
+            f"--wait={int(timeout)}s", f"--timeout={int(timeout)}s",
+        )
+        # The service-account controller creating `default` proves kube-controller-manager is up.
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode:
+            if time.monotonic() > deadline:
+                raise TimeoutError("kube-controller-manager did not create the default ServiceAccount")
+            time.sleep(0.5)
+
+    def _kwokctl(self, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "KWOK_WORKDIR": str(self.workdir)}
+        return subprocess.run(
+            [str(folder / "kwokctl"), f"--name={self.name}", f"--config={self._config_file}", *args],
+            env=env, check=check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )

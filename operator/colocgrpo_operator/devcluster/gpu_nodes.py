@@ -1,0 +1,32 @@
+"""The fake GPU node pool: Node objects that KWOK keeps Ready and "runs" pods on."""
+
+from __future__ import annotations
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def render_gpu_nodes(count: int = 2, gpus: int = 8, cpu: str = "64", memory: str = "512Gi") -> list[dict]:
+    """Nodes shaped like 8-GPU training hosts. No taint, so any pod may land on them."""
+    capacity = {"cpu": cpu, "memory": memory, "pods": "110", GPU_RESOURCE: str(gpus), "ephemeral-storage": "1Ti"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": f"fake-gpu-node-{i}",
+                # kwok's own convention; kwokctl's controller manages every node anyway.
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": f"fake-gpu-node-{i}",
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.count": str(gpus),
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                },
+            },
+            "status": {"capacity": capacity, "allocatable": dict(capacity)},
+        }
+        for i in range(count)
+    ]

@@ -1,0 +1,59 @@
+"""The kwokctl configuration of the dev cluster: local binaries, loopback only, RBAC, our stages.
+
+kwokctl (`--runtime binary`) generates the PKI, picks free ports, starts every component as a
+plain process and writes the kubeconfig; this file only tells it what to run and how.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from colocgrpo_operator.devcluster.binaries import Binaries
+from colocgrpo_operator.devcluster.paths import cluster_inputs_dir
+
+# kwok serves `kubectl logs` from files in the CRI log format ("<time> <stream> <F|P> <line>").
+FAKE_LOG_LINES = [
+    "fake container started (KWOK runs no containers; these lines come from a kwok ClusterLogs file)",
+    "fake container running",
+]
+
+
+def write_fake_log(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {line}\n" for i, line in enumerate(FAKE_LOG_LINES))
+    )
+    return path
+
+
+def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
+    """A multi-document kwok config: KwokctlConfiguration, node/pod Stages, ClusterLogs."""
+    options = {
+        "runtime": "binary",
+        # kwokctl's default is 0.0.0.0; nothing of the dev cluster may listen beyond loopback.
+        "bindAddress": "127.0.0.1",
+        "securePort": True,
+        "kubeAuthorization": True,  # --authorization-mode=Node,RBAC, SA signing key, SA token controller
+        "kubeAdmission": True,  # the default admission chain (ServiceAccount, NamespaceLifecycle, ...)
+        "kubeApiserverBinary": str(binaries["kube-apiserver"]),
+        "kubeControllerManagerBinary": str(binaries["kube-controller-manager"]),
+        "kubeSchedulerBinary": str(binaries["kube-scheduler"]),
+        "kwokControllerBinary": str(binaries["kwok"]),
+        "etcdBinary": str(binaries["etcd"]),
+        "kubectlBinary": str(binaries.kubectl),
+        "quietPull": True,
+    }
+    docs: list[dict] = [
+        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": options},
+        {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "ClusterLogs",
+            "metadata": {"name": "colocgrpo-fake-logs"},
+            "spec": {"logs": [{"logsFile": str(fake_log), "previousLogsFile": str(fake_log)}]},
+        },
+    ]
+    for stage_file in sorted((cluster_inputs_dir() / "kwok").glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(stage_file.read_text()) if d)
+    return yaml.safe_dump_all(docs, sort_keys=False)
