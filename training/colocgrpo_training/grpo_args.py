@@ -1,0 +1,107 @@
+"""TrainerConfig → TRL 1.16 `GRPOConfig` keyword arguments.
+
+`grpo_kwargs` is pure (no torch, no TRL import) so the mapping can be tested and shown
+without the trainer's dependencies. The typed fields of the config own some GRPOConfig
+keys; the `grpo` passthrough may not set those (the operator already rejects them, the
+trainer checks again because a hand-written config skips the operator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from colocgrpo_training.config import SleepPolicy, TrainerConfig
+from colocgrpo_training.failures import InvalidConfigError
+
+# GRPOConfig keys derived from typed fields, and the field that owns each.
+OWNED_KEYS: dict[str, str] = {
+    "output_dir": "checkpoint.dir",
+    "save_strategy": "checkpoint.saveSteps",
+    "save_steps": "checkpoint.saveSteps",
+    "save_total_limit": "checkpoint.saveTotalLimit",
+    "resume_from_checkpoint": "checkpoint.resume",
+    "use_vllm": "vllm.enabled",
+    "vllm_mode": "vllm (always colocate)",
+    "vllm_tensor_parallel_size": "vllm.tensorParallelSize",
+    "vllm_gpu_memory_utilization": "vllm.gpuMemoryUtilization",
+    "vllm_enable_sleep_mode": "vllm.sleepPolicy",
+    "vllm_max_model_length": "vllm.maxModelLen",
+    "bf16": "model.dtype",
+    "fp16": "model.dtype",
+    "reward_weights": "rewards[].weight",
+}
+
+# Defaults we prefer over TRL's, still overridable through `grpo`.
+DEFAULTS: dict[str, Any] = {
+    # Progress reports read TRL's logged metrics, so log every step.
+    "logging_steps": 1,
+    # Pods have no wandb/tensorboard credentials unless the user asks for them.
+    "report_to": "none",
+}
+
+
+def grpo_kwargs(config: TrainerConfig, reward_weights: list[float] | None = None) -> dict[str, Any]:
+    passthrough = dict(config.grpo)
+    clashes = sorted(key for key in passthrough if key in OWNED_KEYS)
+    if clashes:
+        raise InvalidConfigError(
+            "; ".join(f"grpo.{key} is set by {OWNED_KEYS[key]}, not by the grpo passthrough" for key in clashes)
+        )
+
+    kwargs: dict[str, Any] = dict(DEFAULTS)
+    kwargs.update(passthrough)
+
+    checkpoint = config.checkpoint
+    kwargs["output_dir"] = checkpoint.dir
+    if checkpoint.save_steps is not None:
+        kwargs["save_strategy"] = "steps"
+        kwargs["save_steps"] = checkpoint.save_steps
+    else:
+        kwargs["save_strategy"] = "no"  # a SIGTERM still saves (SaveOnTermination)
+    kwargs["save_total_limit"] = checkpoint.save_total_limit
+
+    vllm = config.vllm
+    kwargs["use_vllm"] = vllm.enabled
+    if vllm.enabled:
+        kwargs["vllm_mode"] = "colocate"
+        kwargs["vllm_tensor_parallel_size"] = vllm.tensor_parallel_size
+        kwargs["vllm_gpu_memory_utilization"] = vllm.gpu_memory_utilization
+        kwargs["vllm_enable_sleep_mode"] = vllm.sleep_policy != SleepPolicy.OFF
+        if vllm.max_model_len is not None:
+            kwargs["vllm_max_model_length"] = vllm.max_model_len
+
+    dtype = config.model.dtype
+    kwargs["bf16"] = dtype == "bfloat16"
+    kwargs["fp16"] = dtype == "float16"
+
+    # The model is loaded by TRL from its name (after GRPOConfig exists, so that DeepSpeed
+    # ZeRO-3 can shard it while loading); these are its from_pretrained arguments.
+    model_init = dict(passthrough.get("model_init_kwargs") or {})
+    model_init["dtype"] = dtype
+    if config.model.revision is not None:
+        model_init["revision"] = config.model.revision
+    if config.model.attn_implementation is not None:
+        model_init["attn_implementation"] = config.model.attn_implementation
+    kwargs["model_init_kwargs"] = model_init
+
+    if reward_weights is not None:
+        kwargs["reward_weights"] = list(reward_weights)
+    return kwargs
+
+
+def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None = None):
+    """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    kwargs = grpo_kwargs(config, reward_weights)
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise InvalidConfigError(f"grpo: unknown TRL 1.16 GRPOConfig field(s) {unknown}")
+    try:
+        return GRPOConfig(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise InvalidConfigError(f"grpo: TRL rejected the GRPO settings: {err}") from err
+

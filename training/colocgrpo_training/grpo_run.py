@@ -1,0 +1,126 @@
+"""One GRPO run: config → tokenizer, prompts, rewards, GRPOConfig → TRL trainer → train.
+
+With vLLM enabled the trainer is our `ColocGRPOTrainer` (generation/, the only code that
+touches vLLM); without it (CPU jobs) TRL's plain GRPOTrainer generates with transformers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from colocgrpo_training.checkpoints import (
+    CheckpointMarker,
+    SaveOnTermination,
+    TerminationRequest,
+    latest_complete_checkpoint,
+)
+from colocgrpo_training.config import TrainerConfig
+from colocgrpo_training.data import apply_chat_template, load_prompt_dataset, truncate_prompts
+from colocgrpo_training.failures import (
+    EXIT_TERMINATED,
+    TERMINATED,
+    Failure,
+    InvalidConfigError,
+    write_termination_message,
+)
+from colocgrpo_training.grpo_args import build_grpo_config
+from colocgrpo_training.progress import ProgressReporter
+from colocgrpo_training.rewards import RewardError, accuracy_needed, resolve_rewards
+
+log = logging.getLogger(__name__)
+
+FINAL_MODEL_DIRNAME = "final"
+
+
+def load_tokenizer(config: TrainerConfig):
+    from transformers import AutoTokenizer
+
+    # Left padding/truncation: generation appends to the right of the prompt.
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.model.name_or_path,
+        revision=config.model.revision,
+        padding_side="left",
+        truncation_side="left",
+    )
+    apply_chat_template(tokenizer, config.dataset)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def trainer_class(config: TrainerConfig) -> tuple[type, dict[str, Any]]:
+    """The trainer class and the extra constructor kwargs it needs."""
+    if config.vllm.enabled:
+        try:
+            from colocgrpo_training.generation import ColocGRPOTrainer
+        except ImportError as err:
+            raise InvalidConfigError(
+                f"vllm.enabled is true but the vLLM generation wrapper cannot be imported ({err}); "
+                "run CPU jobs with vllm.enabled false"
+            ) from err
+        return ColocGRPOTrainer, {"generation_settings": config.vllm}
+    from trl import GRPOTrainer
+
+    return GRPOTrainer, {}
+
+
+def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
+    try:
+        reward_funcs, reward_weights = resolve_rewards(config.rewards, config.reward_modules_dir)
+    except RewardError as err:
+        raise InvalidConfigError(str(err)) from err
+    grpo_config = build_grpo_config(config, reward_weights)
+
+    tokenizer = load_tokenizer(config)
+    dataset = load_prompt_dataset(config.dataset, require_solution=accuracy_needed(config.rewards))
+    if config.dataset.max_prompt_tokens is not None:
+        dataset = truncate_prompts(dataset, tokenizer, config.dataset.max_prompt_tokens)
+
+    marker = CheckpointMarker()
+    stop_on_sigterm = SaveOnTermination(termination)
+    reporter = ProgressReporter.from_settings(config.job, config.progress)
+    cls, extra = trainer_class(config)
+    trainer = cls(
+        model=config.model.name_or_path,
+        reward_funcs=reward_funcs,
+        args=grpo_config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        # The marker runs before the reporter so lastCheckpoint only names marked checkpoints.
+        callbacks=[stop_on_sigterm, marker, reporter],
+        **extra,
+    )
+
+    if termination.requested.is_set():  # SIGTERM while loading: nothing new to save
+        message = f"stopped by signal {termination.signal_number} before the first step"
+        write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
+        return EXIT_TERMINATED
+
+    resume_from = None
+    if config.checkpoint.resume == "auto":
+        resume_from = latest_complete_checkpoint(config.checkpoint.dir)
+        if resume_from is not None:
+            log.warning("resuming from %s", resume_from)
+            reporter.last_checkpoint = str(resume_from)
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    if stop_on_sigterm.stopped_at_step is not None:
+        checkpoint = marker.last_checkpoint
+        message = (
+            f"stopped by signal {termination.signal_number} at step {stop_on_sigterm.stopped_at_step}; "
+            f"checkpoint {checkpoint} saved, the next run resumes from it"
+        )
+        print(f"colocgrpo: {message}", flush=True)
+        if trainer.is_world_process_zero():
+            write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
+        return EXIT_TERMINATED
+
+    if config.checkpoint.save_final_model:
+        final_dir = Path(config.checkpoint.dir) / FINAL_MODEL_DIRNAME
+        trainer.save_model(str(final_dir))  # gathers ZeRO-3 shards into one HF model folder
+        if trainer.is_world_process_zero():
+            tokenizer.save_pretrained(str(final_dir))
+            print(f"colocgrpo: final model saved to {final_dir}", flush=True)
+    return 0

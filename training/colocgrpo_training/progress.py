@@ -1,0 +1,231 @@
+"""Progress reporting: rank 0 merge-patches `status.progress` of its ColocGRPOJob.
+
+The trainer owns only `status.progress` (the operator owns the rest of status), so the
+patch is a JSON merge patch of that one subtree through the status subresource, with the
+job's own ServiceAccount (in-cluster) or KUBECONFIG on a host. Patches are rate-limited
+(`progress.min_interval_seconds`; the final step always goes out). Every report is also
+printed as one JSON line on stdout, so `kubectl logs` shows the same numbers.
+
+Reporting must never stop training: API errors are logged and retried with backoff.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from colocgrpo_training.config import JobRef, ProgressSettings
+
+log = logging.getLogger(__name__)
+
+GROUP = "colocgrpo.io"
+VERSION = "v1alpha1"
+PLURAL = "colocgrpojobs"
+
+# TRL's log keys → the names in status.progress.metrics.
+_METRIC_NAMES = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "kl": "kl",
+    "loss": "loss",
+    "completions/mean_length": "completion_length",
+    "completions/clipped_ratio": "completion_clipped_ratio",
+    "entropy": "entropy",
+    "learning_rate": "learning_rate",
+    "grad_norm": "grad_norm",
+    "frac_reward_zero_std": "frac_reward_zero_std",
+}
+_MAX_BACKOFF_SECONDS = 300.0
+_REQUEST_TIMEOUT_SECONDS = 10
+
+
+def rfc3339_now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def progress_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """TRL's logged values → our metric names; per-reward means keep TRL's `rewards/<name>/mean` key."""
+    metrics: dict[str, float] = {}
+    for key, value in logs.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # JSON has no NaN; an all-None reward batch logs nothing rather than NaN
+        if key in _METRIC_NAMES:
+            metrics[_METRIC_NAMES[key]] = float(value)
+        elif key.startswith("rewards/") and key.endswith("/mean"):
+            metrics[key] = float(value)
+    return metrics
+
+
+def load_kube_client() -> Any | None:
+    """A CustomObjectsApi from in-cluster config, else KUBECONFIG / ~/.kube/config, else None."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        log.warning("kubernetes client not installed; progress is only printed")
+        return None
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not kubeconfig:
+            return None
+        try:
+            config.load_kube_config(config_file=kubeconfig)
+        except Exception as err:
+            log.warning("cannot load KUBECONFIG %s (%s); progress is only printed", kubeconfig, err)
+            return None
+    return client.CustomObjectsApi()
+
+
+class StatusPatcher:
+    """Patches status.progress; remembers failures and backs off instead of raising."""
+
+    def __init__(self, job: JobRef, api: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job = job
+        self.api = api
+        self.clock = clock
+        self.failures = 0
+        self.retry_at = 0.0
+
+    def can_try(self) -> bool:
+        return self.clock() >= self.retry_at
+
+    def patch(self, progress: dict[str, Any]) -> bool:
+        body = {"status": {"progress": progress}}
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                self.job.namespace,
+                PLURAL,
+                self.job.name,
+                body,
+                _request_timeout=_REQUEST_TIMEOUT_SECONDS,
+            )
+        except Exception as err:  # unreachable API, 403, 404: all must leave training running
+            self.failures += 1
+            delay = min(_MAX_BACKOFF_SECONDS, 2.0 ** min(self.failures, 9))
+            self.retry_at = self.clock() + delay
+            log.warning(
+                "could not patch status.progress of %s/%s (%s); retrying in %.0f s",
+                self.job.namespace,
+                self.job.name,
+                _short(err),
+                delay,
+            )
+            return False
+        self.failures = 0
+        self.retry_at = 0.0
+        return True
+
+
+def _short(err: Exception) -> str:
+    status = getattr(err, "status", None)
+    reason = getattr(err, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(err).__name__}: {err}"[:200]
+
+
+class ProgressReporter(TrainerCallback):
+    """TrainerCallback; acts only on the world's process zero."""
+
+    def __init__(
+        self,
+        job: JobRef,
+        settings: ProgressSettings,
+        patcher: StatusPatcher | None = None,
+        stream: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.job = job
+        self.settings = settings
+        self.patcher = patcher
+        self.stream = stream
+        self.clock = clock
+        self.metrics: dict[str, float] = {}
+        self.last_checkpoint: str | None = None
+        self.last_patch_at: float | None = None
+        self.pending = False
+        self._step_started: float | None = None
+        self.patches_sent = 0
+
+    @classmethod
+    def from_settings(cls, job: JobRef, settings: ProgressSettings) -> ProgressReporter:
+        patcher = None
+        if settings.patch_status:
+            api = load_kube_client()
+            if api is not None:
+                patcher = StatusPatcher(job, api)
+            else:
+                log.info("no in-cluster config or KUBECONFIG: progress is printed, not patched")
+        return cls(job, settings, patcher)
+
+    # -- callback hooks -------------------------------------------------------------------
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        self._step_started = self.clock()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        if self._step_started is not None:
+            self.metrics["step_time_seconds"] = round(self.clock() - self._step_started, 4)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any):
+        if not state.is_world_process_zero or not logs:
+            return
+        if "train_runtime" in logs:  # the end-of-training summary, not a step
+            return
+        self.metrics.update(progress_metrics(logs))
+        self.report(state, final=state.global_step >= state.max_steps > 0)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        if not state.is_world_process_zero:
+            return
+        self.last_checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self.report(state, final=False)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        if state.is_world_process_zero:
+            self.report(state, final=True)
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def snapshot(self, state: TrainerState) -> dict[str, Any]:
+        progress: dict[str, Any] = {
+            "step": int(state.global_step),
+            "maxSteps": int(state.max_steps),
+            "metrics": dict(self.metrics),
+            "lastUpdateTime": rfc3339_now(),
+        }
+        if self.last_checkpoint is not None:
+            progress["lastCheckpoint"] = self.last_checkpoint
+        return progress
+
+    def report(self, state: TrainerState, *, final: bool) -> None:
+        progress = self.snapshot(state)
+        stream = self.stream or sys.stdout
+        print(json.dumps({"progress": progress}, sort_keys=True), file=stream, flush=True)
+        if self.patcher is None:
+            return
+        now = self.clock()
+        due = (
+            final
+            or self.last_patch_at is None
+            or now - self.last_patch_at >= self.settings.min_interval_seconds
+        )
+        if not due or not (final or self.patcher.can_try()):
+            return
+        if self.patcher.patch(progress):
+            self.last_patch_at = now
+            self.patches_sent += 1
