@@ -1,0 +1,54 @@
+"""The ColocGRPOJob API (colocgrpo.io/v1alpha1): typed model, validation and CRD.
+
+    from colocgrpo_operator.api import ColocGRPOJob, parse_job, JobSpecError, generate_crd
+"""
+
+from colocgrpo_operator.api.crd import generate_crd
+from colocgrpo_operator.api.model import (
+    ColocGRPOJob,
+    ColocGRPOJobSpec,
+    ColocGRPOJobStatus,
+    Condition,
+    ConditionType,
+    Phase,
+    ProgressStatus,
+    WorkersStatus,
+)
+from colocgrpo_operator.api.naming import (
+    API_VERSION,
+    CRD_NAME,
+    GROUP,
+    JOB_NAME_LABEL,
+    KIND,
+    KUEUE_QUEUE_LABEL,
+    MAX_JOB_NAME_LENGTH,
+    PLURAL,
+    SHORT_NAMES,
+    VERSION,
+)
+from colocgrpo_operator.api.validation import JobSpecError, parse_job, spec_change_problems
+
+__all__ = [
+    "API_VERSION",
+    "CRD_NAME",
+    "GROUP",
+    "JOB_NAME_LABEL",
+    "KIND",
+    "KUEUE_QUEUE_LABEL",
+    "MAX_JOB_NAME_LENGTH",
+    "PLURAL",
+    "SHORT_NAMES",
+    "VERSION",
+    "ColocGRPOJob",
+    "ColocGRPOJobSpec",
+    "ColocGRPOJobStatus",
+    "Condition",
+    "ConditionType",
+    "JobSpecError",
+    "Phase",
+    "ProgressStatus",
+    "WorkersStatus",
+    "generate_crd",
+    "parse_job",
+    "spec_change_problems",
+]

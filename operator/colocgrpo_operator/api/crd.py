@@ -1,0 +1,326 @@
+"""The CustomResourceDefinition, generated from the pydantic model.
+
+Pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0
+schema. The conversion below inlines $refs, turns `X | None` into plain X (the API
+server prunes nulls of non-nullable fields), rewrites numeric exclusive bounds into the
+OpenAPI 3.0 boolean form, drops titles, and keeps free-form Kubernetes types as
+`x-kubernetes-preserve-unknown-fields` objects. Rules that span fields are CEL
+`x-kubernetes-validations`, mirroring api/validation.py so the API server and
+`colocgrpo validate` agree.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from colocgrpo_operator.api.model import ColocGRPOJobSpec, ColocGRPOJobStatus
+from colocgrpo_operator.api.naming import (
+    CRD_NAME,
+    DNS_1035_LABEL_PATTERN,
+    GROUP,
+    KIND,
+    MAX_JOB_NAME_LENGTH,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
+from colocgrpo_operator.api.trainer_args import OWNED_KEYS, REFUSED_KEYS, grpo_config_fields
+from colocgrpo_operator.api.validation import MUTABLE_AFTER_START
+
+_DROPPED_KEYWORDS = {"title", "$defs", "examples"}
+
+
+def _resolve(schema: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(schema, list):
+        return [_resolve(item, defs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        target = copy.deepcopy(defs[schema["$ref"].split("/")[-1]])
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        target.update(siblings)  # a field's own description/default wins over the model's
+        return _resolve(target, defs)
+    return {key: _resolve(value, defs) for key, value in schema.items()}
+
+
+def _structural(schema: dict[str, Any], *, keep_defaults: bool) -> dict[str, Any]:
+    """Rewrite one resolved JSON-Schema node (recursively) into Kubernetes' dialect."""
+    schema = dict(schema)
+    for key in _DROPPED_KEYWORDS:
+        schema.pop(key, None)
+
+    # `X | None` -> X; the description/default of the outer node survives.
+    if "anyOf" in schema and not schema.get("x-kubernetes-int-or-string"):
+        options = [option for option in schema["anyOf"] if option.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union in a structural schema: {schema['anyOf']}")
+        outer = {k: v for k, v in schema.items() if k != "anyOf"}
+        merged = dict(options[0])
+        merged.update(outer)
+        return _structural(merged, keep_defaults=keep_defaults)
+
+    if "default" in schema and (schema["default"] is None or not keep_defaults):
+        del schema["default"]
+
+    # JSON Schema 2020 numeric exclusive bounds -> OpenAPI 3.0 (boolean flag), or for
+    # integers simply the next integer, which reads better in `kubectl explain`.
+    for bound, inclusive, step in (("exclusiveMinimum", "minimum", 1), ("exclusiveMaximum", "maximum", -1)):
+        value = schema.get(bound)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if schema.get("type") == "integer" and isinstance(value, int):
+                schema[inclusive] = value + step
+                del schema[bound]
+            else:
+                schema[inclusive] = value
+                schema[bound] = True
+
+    if "properties" in schema:
+        schema["properties"] = {
+            name: _structural(sub, keep_defaults=keep_defaults) for name, sub in schema["properties"].items()
+        }
+        # Structural schemas close objects by pruning, not by additionalProperties: false.
+        if schema.get("additionalProperties") is False:
+            del schema["additionalProperties"]
+        if schema.get("additionalProperties") is True:
+            del schema["additionalProperties"]
+            schema["x-kubernetes-preserve-unknown-fields"] = True
+        # An absent sub-object defaults to {} so its own field defaults apply (and show in kubectl).
+        if keep_defaults:
+            required = set(schema.get("required", []))
+            for name, sub in schema["properties"].items():
+                if (
+                    name not in required
+                    and sub.get("type") == "object"
+                    and "default" not in sub
+                    and any("default" in p for p in sub.get("properties", {}).values())
+                ):
+                    sub["default"] = {}
+    elif isinstance(schema.get("additionalProperties"), dict):
+        schema["additionalProperties"] = _structural(schema["additionalProperties"], keep_defaults=keep_defaults)
+        schema.setdefault("type", "object")
+    elif schema.get("additionalProperties") is True:
+        del schema["additionalProperties"]
+        schema["x-kubernetes-preserve-unknown-fields"] = True
+        schema.setdefault("type", "object")
+    if isinstance(schema.get("items"), dict):
+        schema["items"] = _structural(schema["items"], keep_defaults=keep_defaults)
+    if schema.get("type") == "string" and "enum" in schema and "default" in schema:
+        schema["default"] = str(schema["default"])
+    return schema
+
+
+def model_schema(model: type, *, keep_defaults: bool) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(_resolve(raw, defs), keep_defaults=keep_defaults)
+
+
+# ----------------------------------------------------------------------------- CEL rules
+
+
+def _cel_list(values: list[str]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
+
+
+def _spec_rules() -> list[dict[str, Any]]:
+    return [
+        {
+            "rule": "!has(self.resources) || !has(self.vllm) || !has(self.resources.gpusPerNode) "
+            "|| !has(self.vllm.tensorParallelSize) || self.resources.gpusPerNode == 0 "
+            "|| self.resources.gpusPerNode % self.vllm.tensorParallelSize == 0",
+            "message": "spec.vllm.tensorParallelSize must divide spec.resources.gpusPerNode "
+            "(a tensor-parallel group lives inside one node)",
+            "fieldPath": ".vllm.tensorParallelSize",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "!has(self.resources) || !has(self.vllm) || !has(self.resources.gpusPerNode) "
+            "|| !has(self.vllm.tensorParallelSize) || self.resources.gpusPerNode > 0 "
+            "|| self.vllm.tensorParallelSize == 1",
+            "message": "spec.vllm.tensorParallelSize must be 1 for a CPU job (gpusPerNode 0 runs no vLLM)",
+            "fieldPath": ".vllm.tensorParallelSize",
+            "reason": "FieldValueInvalid",
+        },
+    ]
+
+
+def _deepspeed_rules() -> list[dict[str, Any]]:
+    return [
+        {
+            "rule": "!has(self.offloadParams) || self.offloadParams == 'none' "
+            "|| !has(self.zeroStage) || self.zeroStage == 3",
+            "message": "spec.deepspeed.offloadParams needs spec.deepspeed.zeroStage 3",
+            "fieldPath": ".offloadParams",
+        }
+    ]
+
+
+def _trainer_args_rules() -> list[dict[str, Any]]:
+    owned = sorted(set(OWNED_KEYS) | set(REFUSED_KEYS))
+    known = sorted(grpo_config_fields())
+    return [
+        {
+            "rule": f"self.all(k, !(k in {_cel_list(owned)}))",
+            "messageExpression": "'trainerArgs sets keys owned by typed fields or refused: ' + "
+            f"self.filter(k, k in {_cel_list(owned)}).join(', ') + ' (run colocgrpo validate for details)'",
+        },
+        {
+            "rule": f"self.all(k, k in {_cel_list(known)})",
+            "messageExpression": "'trainerArgs has keys that are not TRL 1.16 GRPOConfig arguments: ' + "
+            f"self.filter(k, !(k in {_cel_list(known)})).join(', ')",
+        },
+    ]
+
+
+def _root_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = [
+        {
+            "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME_LENGTH}",
+            "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters "
+            "(it names the Service and every pod hostname <name>-<index>)",
+            "fieldPath": ".metadata.name",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"self.metadata.name.matches('{DNS_1035_LABEL_PATTERN}')",
+            "message": "metadata.name must be a DNS-1035 label: lower-case letters, digits and '-', "
+            "starting with a letter and ending with a letter or digit",
+            "fieldPath": ".metadata.name",
+            "reason": "FieldValueInvalid",
+        },
+    ]
+    # Immutability once started (status.startTime set by the operator). Updates through
+    # the main resource cannot change status, so oldSelf.status is the truth here.
+    started = "has(oldSelf.status) && has(oldSelf.status.startTime)"
+    mutable = {field for parent, field in MUTABLE_AFTER_START}
+
+    def unchanged(path: str, field: str) -> str:
+        return (
+            f"(has(self.{path}.{field}) == has(oldSelf.{path}.{field})) && "
+            f"(!has(self.{path}.{field}) || self.{path}.{field} == oldSelf.{path}.{field})"
+        )
+
+    immutable_message = (
+        "is immutable once the job has started "
+        "(only spec.runPolicy.suspend and spec.runPolicy.ttlSecondsAfterFinished may change)"
+    )
+    for field in spec_schema["properties"]:
+        if field == "runPolicy":
+            continue
+        rules.append(
+            {
+                "rule": f"!({started}) || {unchanged('spec', field)}",
+                "message": f"spec.{field} {immutable_message}",
+                "fieldPath": f".spec.{field}",
+                "reason": "FieldValueForbidden",
+            }
+        )
+    run_fields = [f for f in spec_schema["properties"]["runPolicy"]["properties"] if f not in mutable]
+    run_unchanged = " && ".join(unchanged("spec.runPolicy", f) for f in run_fields)
+    rules.append(
+        {
+            "rule": f"!({started}) || !has(self.spec.runPolicy) || !has(oldSelf.spec.runPolicy) || ({run_unchanged})",
+            "message": f"spec.runPolicy.{{{', '.join(run_fields)}}} {immutable_message}",
+            "fieldPath": ".spec.runPolicy",
+            "reason": "FieldValueForbidden",
+        }
+    )
+    return rules
+
+
+# ----------------------------------------------------------------------------- the CRD
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.resources.nodes"},
+    {"name": "GPUs", "type": "integer", "jsonPath": ".status.workers.gpus", "description": "GPUs held by active pods"},
+    {"name": "TP", "type": "integer", "jsonPath": ".spec.vllm.tensorParallelSize"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.progress.metrics.reward"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def generate_crd() -> dict[str, Any]:
+    """The apiextensions.k8s.io/v1 CustomResourceDefinition for ColocGRPOJob."""
+    spec_schema = model_schema(ColocGRPOJobSpec, keep_defaults=True)
+    status_schema = model_schema(ColocGRPOJobStatus, keep_defaults=False)
+    spec_schema["x-kubernetes-validations"] = _spec_rules()
+    spec_schema["properties"]["deepspeed"]["x-kubernetes-validations"] = _deepspeed_rules()
+    spec_schema["properties"]["trainerArgs"]["x-kubernetes-validations"] = _trainer_args_rules()
+    root = {
+        "type": "object",
+        "description": "A GRPO training run: vLLM colocated in DeepSpeed ZeRO-3 training processes.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": _root_rules(spec_schema),
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": "colocgrpo-operator"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["colocgrpo"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    import yaml
+
+    header = "# Generated by `colocgrpo crd` (make crd) from colocgrpo_operator.api; do not edit by hand.\n"
+    return header + yaml.safe_dump(generate_crd(), sort_keys=False, width=120)
+
+
+def structural_problems(schema: dict[str, Any], path: str = "") -> list[str]:
+    """Violations of Kubernetes' structural-schema rules (what the API server would reject)."""
+    problems: list[str] = []
+    where = path or "<root>"
+    free = schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("x-kubernetes-int-or-string")
+    if not schema.get("type") and not free:
+        problems.append(f"{where}: no type")
+    if schema.get("x-kubernetes-int-or-string"):
+        if "type" in schema or schema.get("anyOf") != [{"type": "integer"}, {"type": "string"}]:
+            problems.append(f"{where}: int-or-string must be anyOf [integer, string] without type")
+    elif any(k in schema for k in ("anyOf", "oneOf", "allOf", "not")):
+        problems.append(f"{where}: value validation combinators are not used in this CRD")
+    if "properties" in schema and "additionalProperties" in schema:
+        problems.append(f"{where}: properties and additionalProperties are mutually exclusive")
+    if "$ref" in schema or "title" in schema:
+        problems.append(f"{where}: $ref/title left over")
+    if schema.get("nullable") is True and "default" in schema and schema["default"] is None:
+        problems.append(f"{where}: null default")
+    for name, sub in (schema.get("properties") or {}).items():
+        problems.extend(structural_problems(sub, f"{path}.{name}"))
+    if isinstance(schema.get("additionalProperties"), dict):
+        problems.extend(structural_problems(schema["additionalProperties"], f"{path}[*]"))
+    if isinstance(schema.get("items"), dict):
+        problems.extend(structural_problems(schema["items"], f"{path}[]"))
+    return problems

@@ -1,0 +1,452 @@
+"""The ColocGRPOJob API: one typed model for spec and status.
+
+This model is the single source of truth. The CRD's openAPIV3Schema is generated from
+it (api/crd.py), docs/api.md lists its fields, and the operator and the CLI validate
+with it (api/validation.py). Field descriptions end up in `kubectl explain`.
+
+Kubernetes-style camelCase names are aliases; Python code uses snake_case attributes.
+`trainerArgs` is the one place with TRL's own snake_case names (passed through to
+GRPOConfig).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+from colocgrpo_training.config import SleepPolicy
+
+# ----------------------------------------------------------------------------- building blocks
+
+# Bounds used by the CRD so the API server can estimate the cost of CEL rules and so a
+# hostile object cannot be arbitrarily large; generous for any real job.
+MAX_SHORT_STRING = 253
+MAX_LONG_STRING = 65536
+MAX_LIST_ITEMS = 64
+MAX_MAP_ENTRIES = 256
+
+# Kubernetes resource quantity ("8", "32Gi", "500m", or a plain integer).
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and (len(value) > 64 or not _QUANTITY.match(value)):
+        raise ValueError(f"must be a Kubernetes quantity such as 8, 500m or 32Gi, got {value!r}")
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+ShortString = Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING)]
+LongString = Annotated[str, Field(max_length=MAX_LONG_STRING)]
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+ABSOLUTE_PATH_PATTERN = r"^/"
+DnsName = Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING, pattern=DNS_SUBDOMAIN_PATTERN)]
+StringMap = Annotated[dict[str, Annotated[str, Field(max_length=MAX_LONG_STRING)]], Field(max_length=MAX_MAP_ENTRIES)]
+Timestamp = Annotated[str, Field(max_length=64, json_schema_extra={"format": "date-time"})]
+
+
+def _free_form(description: str) -> Any:
+    """A Kubernetes core type we pass through untouched (validated by the API server on the child)."""
+    return WithJsonSchema(
+        {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description}
+    )
+
+
+class _Spec(BaseModel):
+    """Base of every API object: camelCase on the wire, unknown fields are an error."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=False,
+    )
+
+
+class _KubernetesObject(BaseModel):
+    """A Kubernetes core object we only name a few fields of; the rest passes through."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+class ModelSpec(_Spec):
+    """The policy model that GRPO trains (and vLLM serves)."""
+
+    name: ShortString = Field(description="Hugging Face Hub id (e.g. Qwen/Qwen2.5-14B-Instruct) or a path in the pod.")
+    revision: ShortString | None = Field(default=None, description="Hub revision: branch, tag or commit.")
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
+        default="bfloat16", description="Weight dtype for training and vLLM."
+    )
+    attn_implementation: ShortString | None = Field(
+        default=None, description="transformers attention implementation, e.g. flash_attention_2, sdpa, eager."
+    )
+    parameter_count: int | None = Field(
+        default=None, gt=0, description="Number of parameters, for the memory planner when the config is not at hand."
+    )
+
+
+class DatasetSpec(_Spec):
+    """Prompts for GRPO."""
+
+    name: ShortString = Field(description="Hugging Face Hub dataset id, or a local file/directory in the pod (jsonl, json, parquet).")
+    config: ShortString | None = Field(default=None, description="Dataset configuration name on the Hub.")
+    split: ShortString = Field(default="train", description="Split to train on.")
+    prompt_column: ShortString = Field(default="problem", description="Column holding the prompt text.")
+    solution_column: ShortString = Field(
+        default="solution", description="Column holding the gold answer (used by the accuracy reward)."
+    )
+    system_prompt: LongString | None = Field(default=None, description="System message put before every prompt.")
+    chat_template: LongString | None = Field(default=None, description="Jinja chat template overriding the tokenizer's.")
+    max_prompt_tokens: int | None = Field(
+        default=None, gt=0, description="Prompts longer than this many tokens are truncated (from the left)."
+    )
+
+
+class ResourcesSpec(_Spec):
+    """The gang: one pod per node, all GPUs of a node in that pod."""
+
+    nodes: int = Field(default=1, ge=1, description="Number of pods (one per node). No maximum: an oversized job is reported Unschedulable.")
+    gpus_per_node: int = Field(
+        default=1, ge=0, description="nvidia.com/gpu per pod; also processes per pod. 0 makes a CPU job (no vLLM, no DeepSpeed)."
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit per pod.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit per pod.")
+    shared_memory: Quantity | None = Field(
+        default=None, description="Size limit of the memory-backed /dev/shm (NCCL and dataloaders need more than the 64Mi default)."
+    )
+    extra: Annotated[dict[str, Quantity], Field(max_length=MAX_MAP_ENTRIES)] = Field(
+        default_factory=dict,
+        description="Extra resources per pod, requested and limited alike (e.g. rdma/hca_shared_devices_a: 1).",
+    )
+
+
+class VLLMSpec(_Spec):
+    """vLLM colocated inside every training process (tensor-parallel within a node)."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor-parallel size; must divide gpusPerNode.")
+    gpu_memory_utilization: float = Field(
+        default=0.3, gt=0, lt=1, description="Fraction of the whole GPU vLLM may take (not of what is free)."
+    )
+    sleep_policy: SleepPolicy = Field(
+        default=SleepPolicy.AUTO, description="What vLLM does with its memory between generations: off, level1, level2, auto."
+    )
+    max_model_len: int | None = Field(default=None, gt=0, description="vLLM context window (prompt + completion tokens).")
+    enable_prefix_caching: bool = Field(default=True, description="vLLM automatic prefix caching.")
+    max_num_seqs: int | None = Field(default=None, gt=0, description="vLLM's cap on concurrently scheduled sequences.")
+    offload_trainer_state: bool = Field(
+        default=False, description="Move DeepSpeed optimizer state to CPU while vLLM generates."
+    )
+
+
+class DeepSpeedSpec(_Spec):
+    """DeepSpeed ZeRO settings (ignored by CPU jobs)."""
+
+    zero_stage: int = Field(default=3, ge=0, le=3, description="ZeRO stage 0-3.")
+    offload_optimizer: Literal["none", "cpu"] = Field(default="none", description="Offload optimizer state.")
+    offload_params: Literal["none", "cpu"] = Field(default="none", description="Offload parameters (ZeRO-3 only).")
+
+
+class RewardSpec(_Spec):
+    """One reward function and its weight."""
+
+    function: Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING)] = Field(
+        description="A built-in reward (accuracy, format, tag_count, ...) or module:function from rewardModules."
+    )
+    weight: float = Field(default=1.0, description="Weight of this reward in the sum.")
+
+
+class RewardModulesSpec(_Spec):
+    """User reward code: a ConfigMap whose files are mounted on the trainer's Python path."""
+
+    config_map_name: DnsName = Field(description="ConfigMap in the job's namespace; each key is a file (e.g. my_rewards.py).")
+
+
+class CheckpointSpec(_Spec):
+    """Where the trainer saves and resumes."""
+
+    claim_name: DnsName | None = Field(
+        default=None,
+        description="PersistentVolumeClaim to save into. Without one, checkpoints live in an emptyDir and do not survive a restart.",
+    )
+    path: Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)] = Field(
+        default="/checkpoints", description="Mount path of the checkpoint volume; the trainer's output_dir."
+    )
+    save_steps: int | None = Field(default=None, gt=0, description="Save every N optimizer steps; unset = no intermediate checkpoints.")
+    save_total_limit: int | None = Field(default=2, gt=0, description="Keep at most this many checkpoints.")
+    resume: Literal["auto", "never"] = Field(default="auto", description="auto: resume from the latest checkpoint if one exists.")
+    save_final_model: bool = Field(default=True, description="Save the final model in Hugging Face format.")
+
+
+class SecretKeySelector(_Spec):
+    name: DnsName = Field(description="Secret name in the job's namespace.")
+    key: ShortString = Field(description="Key inside the Secret.")
+
+
+class SecretsSpec(_Spec):
+    """Secrets exposed to the trainer as environment variables, never copied into a ConfigMap."""
+
+    hugging_face_token: SecretKeySelector | None = Field(default=None, description="Becomes HF_TOKEN.")
+
+
+class CacheSpec(_Spec):
+    """Hugging Face cache (models, datasets) inside the pods."""
+
+    claim_name: DnsName | None = Field(default=None, description="PersistentVolumeClaim holding the cache; emptyDir without one.")
+    path: Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)] = Field(
+        default="/cache", description="Mount path; HF_HOME is <path>/huggingface."
+    )
+    offline: bool = Field(default=False, description="Set HF_HUB_OFFLINE/HF_DATASETS_OFFLINE: never reach the Hub.")
+
+
+class SchedulingSpec(_Spec):
+    """Where the pods may run."""
+
+    node_selector: StringMap = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: Annotated[
+        list[Annotated[dict[str, Any], _free_form("A core/v1 Toleration.")]], Field(max_length=MAX_LIST_ITEMS)
+    ] = Field(default_factory=list, description="Pod tolerations (core/v1 Toleration).")
+    affinity: Annotated[dict[str, Any] | None, _free_form("A core/v1 Affinity.")] = Field(
+        default=None, description="Pod affinity (core/v1 Affinity)."
+    )
+    priority_class_name: DnsName | None = Field(default=None, description="Pod priorityClassName.")
+    queue_name: DnsName | None = Field(
+        default=None, description="Kueue LocalQueue: labels the Job and creates it suspended for Kueue to admit."
+    )
+
+
+class EnvVar(_KubernetesObject):
+    name: ShortString
+
+
+class Volume(_KubernetesObject):
+    name: DnsName
+
+
+class VolumeMount(_KubernetesObject):
+    name: DnsName
+    mount_path: Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class LocalObjectReference(_Spec):
+    name: DnsName
+
+
+def _named_object_schema(description: str, required: list[str]) -> Any:
+    return WithJsonSchema(
+        {
+            "type": "object",
+            "description": description,
+            "required": required,
+            "properties": {r: {"type": "string"} for r in required},
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+    )
+
+
+class PodTemplateSpec(_Spec):
+    """Additions to every trainer pod (they extend, never replace, what the operator sets)."""
+
+    env: Annotated[
+        list[Annotated[EnvVar, _named_object_schema("A core/v1 EnvVar.", ["name"])]], Field(max_length=MAX_LIST_ITEMS)
+    ] = Field(default_factory=list, description="Extra environment variables for the trainer container (core/v1 EnvVar).")
+    volumes: Annotated[
+        list[Annotated[Volume, _named_object_schema("A core/v1 Volume.", ["name"])]], Field(max_length=MAX_LIST_ITEMS)
+    ] = Field(default_factory=list, description="Extra pod volumes (core/v1 Volume).")
+    volume_mounts: Annotated[
+        list[Annotated[VolumeMount, _named_object_schema("A core/v1 VolumeMount.", ["name", "mountPath"])]],
+        Field(max_length=MAX_LIST_ITEMS),
+    ] = Field(default_factory=list, description="Extra mounts in the trainer container (core/v1 VolumeMount).")
+    labels: StringMap = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: StringMap = Field(default_factory=dict, description="Extra pod annotations.")
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=MAX_LIST_ITEMS)] = Field(
+        default_factory=list, description="Pod imagePullSecrets."
+    )
+
+
+class RunPolicySpec(_Spec):
+    """How the gang runs, restarts and ends."""
+
+    suspend: bool = Field(default=False, description="Suspend the job (pods are deleted; resume continues from the last checkpoint). Mutable.")
+    max_restarts: int = Field(default=3, ge=0, description="Whole-gang restarts after a failure before the job is Failed.")
+    active_deadline_seconds: int | None = Field(default=None, gt=0, description="Fail the job after running this long.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job this long after it finished. Mutable."
+    )
+    stall_timeout_seconds: int | None = Field(
+        default=None, gt=0, description="Mark the job Stalled when the training step does not advance for this long."
+    )
+
+
+# Any JSON value (number, string, list, mapping): no type, so the API server keeps it as is.
+TrainerArgValue = Annotated[
+    Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "description": "A TRL GRPOConfig argument value."})
+]
+
+
+class ColocGRPOJobSpec(_Spec):
+    """Desired state of a GRPO training run."""
+
+    image: ShortString | None = Field(
+        default=None, description="Trainer image; default: the operator's --trainer-image, else colocgrpo/trainer:<version>."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Trainer container imagePullPolicy."
+    )
+    command: Annotated[list[Annotated[str, Field(max_length=MAX_LONG_STRING)]], Field(max_length=MAX_LIST_ITEMS)] | None = Field(
+        default=None, description="Replaces the whole container command (the default launches accelerate or python)."
+    )
+    model: ModelSpec
+    dataset: DatasetSpec
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    vllm: VLLMSpec = Field(default_factory=VLLMSpec)
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+    rewards: Annotated[list[RewardSpec], Field(min_length=1, max_length=MAX_LIST_ITEMS)] = Field(
+        description="Reward functions; the total reward is their weighted sum."
+    )
+    reward_modules: RewardModulesSpec | None = Field(default=None, description="User reward code from a ConfigMap.")
+    trainer_args: Annotated[dict[str, TrainerArgValue], Field(max_length=MAX_MAP_ENTRIES)] = Field(
+        default_factory=dict,
+        description="TRL GRPOConfig arguments in TRL's own names (snake_case). Keys owned by typed fields are refused.",
+    )
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    secrets: SecretsSpec = Field(default_factory=SecretsSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    pod_template: PodTemplateSpec = Field(default_factory=PodTemplateSpec)
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+
+
+# ----------------------------------------------------------------------------- status
+
+
+class Phase(str, enum.Enum):
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    SUSPENDED = "Suspended"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(str, enum.Enum):
+    SPEC_VALID = "SpecValid"
+    QUEUED = "Queued"
+    SUSPENDED = "Suspended"
+    RUNNING = "Running"
+    STALLED = "Stalled"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    PLAN_WARNING = "PlanWarning"
+
+
+class Condition(_Spec):
+    """A Kubernetes-style condition; `kubectl wait --for=condition=<type>` works on these."""
+
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="CamelCase machine-readable reason.")
+    message: Annotated[str, Field(max_length=32768)] | None = None
+    last_transition_time: Timestamp | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class WorkersStatus(_Spec):
+    """Pods of the gang, by state (written by the operator)."""
+
+    active: int = Field(default=0, ge=0)
+    ready: int = Field(default=0, ge=0)
+    succeeded: int = Field(default=0, ge=0)
+    failed: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0, description="GPUs held by the active pods.")
+
+
+class ProgressStatus(_Spec):
+    """Training progress, written only by the trainer (rank 0)."""
+
+    step: int | None = Field(default=None, ge=0)
+    max_steps: int | None = Field(default=None, ge=0)
+    metrics: Annotated[dict[str, float], Field(max_length=MAX_MAP_ENTRIES)] = Field(
+        default_factory=dict, description="Latest logged metrics: reward, kl, loss, completion_length, step_time_seconds, ..."
+    )
+    last_update_time: Timestamp | None = None
+    last_checkpoint: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class ColocGRPOJobStatus(_Spec):
+    """Observed state. The operator owns everything except `progress`, which the trainer owns."""
+
+    phase: Phase | None = None
+    message: Annotated[str, Field(max_length=32768)] | None = Field(default=None, description="Human-readable summary of the phase.")
+    conditions: Annotated[list[Condition], Field(max_length=MAX_LIST_ITEMS)] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, ge=0)
+    start_time: Timestamp | None = Field(default=None, description="When the gang first started; from then on the spec is immutable (except suspend and TTL).")
+    completion_time: Timestamp | None = None
+    restarts: int = Field(default=0, ge=0, description="Whole-gang restarts so far.")
+    workers: WorkersStatus | None = None
+    rank0_pod: DnsName | None = Field(default=None, description="Name of the pod with completion index 0 (logs live there).")
+    progress: ProgressStatus | None = None
+
+
+# ----------------------------------------------------------------------------- the resource
+
+
+class ObjectMeta(_KubernetesObject):
+    name: str | None = None
+    namespace: str | None = None
+    generation: int | None = None
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class ColocGRPOJob(_Spec):
+    """A GRPO training run: vLLM colocated in DeepSpeed ZeRO-3 training processes."""
+
+    # apiVersion/kind are checked by parse_job (with a clear message) rather than by Literal types.
+    api_version: str = Field(default="colocgrpo.io/v1alpha1")
+    kind: str = Field(default="ColocGRPOJob")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ColocGRPOJobSpec
+    status: ColocGRPOJobStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name or ""
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"
+
+    @property
+    def is_cpu_job(self) -> bool:
+        return self.spec.resources.gpus_per_node == 0
+
+    @property
+    def world_size(self) -> int:
+        """Training processes across the gang (one per GPU; one per pod for a CPU job)."""
+        return self.spec.resources.nodes * max(self.spec.resources.gpus_per_node, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object as Kubernetes shows it: camelCase, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,59 @@
+"""Identity of the ColocGRPOJob API and the names of everything derived from a job.
+
+Every child object's name is a pure function of the job's name, so the operator, the
+renderer, the trainer and the CLI all agree without passing names around.
+"""
+
+from __future__ import annotations
+
+GROUP = "colocgrpo.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "colocgrpojobs"
+SINGULAR = "colocgrpojob"
+KIND = "ColocGRPOJob"
+SHORT_NAMES = ["cgj"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Label put on every child object and every pod: `kubectl get all -l colocgrpo.io/job-name=<job>`.
+JOB_NAME_LABEL = f"{GROUP}/job-name"
+# Kueue picks up batch/v1 Jobs carrying this label (and creating them suspended).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# The job's name becomes a Service name (DNS-1035 label, 63 characters) and every pod's
+# hostname is `<job>-<completion index>` (also a 63-character DNS label). 52 leaves room
+# for an index of up to ten digits and for the `-trainer`/`-config` suffixes, and it is
+# the same budget Kubernetes gives CronJob names for the same reason.
+MAX_JOB_NAME_LENGTH = 52
+DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+# Where the trainer finds its files inside every pod.
+CONFIG_MOUNT_DIR = "/etc/colocgrpo"
+REWARD_MODULES_DIR = "/etc/colocgrpo/rewards"
+GRPO_CONFIG_KEY = "grpo.yaml"
+ACCELERATE_CONFIG_KEY = "accelerate.yaml"
+DEEPSPEED_CONFIG_KEY = "deepspeed.json"
+RENDEZVOUS_PORT = 29500
+
+
+def config_map_name(job_name: str) -> str:
+    return f"{job_name}-config"
+
+
+def service_name(job_name: str) -> str:
+    # The headless Service shares the job's name so pod DNS names read `<job>-0.<job>`.
+    return job_name
+
+
+def batch_job_name(job_name: str) -> str:
+    return job_name
+
+
+def trainer_account_name(job_name: str) -> str:
+    """ServiceAccount, Role and RoleBinding that let the trainer patch only this job's status."""
+    return f"{job_name}-trainer"
+
+
+def rank0_address(job_name: str) -> str:
+    """DNS name of the completion-index-0 pod through the headless Service (same namespace)."""
+    return f"{job_name}-0.{service_name(job_name)}"

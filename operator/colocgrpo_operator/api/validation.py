@@ -1,0 +1,242 @@
+"""Turning an untrusted object into a ColocGRPOJob, with every problem named by field path.
+
+The API server enforces the same rules through the CRD schema and CEL (api/crd.py);
+this module is what the CLI (`colocgrpo validate`) and the operator use, so a user sees
+identical messages offline and in the job's SpecValid condition.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from colocgrpo_operator.api.model import (
+    ABSOLUTE_PATH_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    ColocGRPOJob,
+    ColocGRPOJobSpec,
+    ResourcesSpec,
+    VLLMSpec,
+)
+from colocgrpo_operator.api.naming import (
+    API_VERSION,
+    DNS_1035_LABEL_PATTERN,
+    KIND,
+    MAX_JOB_NAME_LENGTH,
+)
+from colocgrpo_operator.api.trainer_args import trainer_args_problems
+
+# The trainer's built-ins (colocgrpo_training.rewards.builtin, which the operator must not import;
+# tests/api checks the two lists agree).
+BUILTIN_REWARDS = frozenset({"accuracy", "format", "tag_count"})
+_MODULE_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class JobSpecError(ValueError):
+    """A ColocGRPOJob that cannot run; `errors` lists (field path, message) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{path}: {message}" for path, message in errors))
+
+    def lines(self) -> list[str]:
+        return [f"{path}: {message}" for path, message in self.errors]
+
+
+def format_location(loc: tuple[Any, ...]) -> str:
+    """('spec', 'rewards', 0, 'weight') -> 'spec.rewards[0].weight'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+# Pydantic reports union alternatives as extra location parts (e.g. 'int', 'str',
+# 'constrained-str'); they mean nothing to a user.
+_UNION_TAGS = re.compile(r"^(int|str|float|bool|constrained-str|function-after\[.*\]|list\[.*\]|dict\[.*\])$")
+
+
+PATTERN_MEANINGS = {
+    DNS_SUBDOMAIN_PATTERN: "must be a Kubernetes object name: lower-case letters, digits, '-' and '.', "
+    "starting and ending with a letter or digit",
+    ABSOLUTE_PATH_PATTERN: "must be an absolute path",
+}
+
+
+def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for item in error.errors(include_url=False):
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and _UNION_TAGS.match(p)))
+        message = item["msg"]
+        if item["type"] == "string_pattern_mismatch":
+            pattern = (item.get("ctx") or {}).get("pattern")
+            message = PATTERN_MEANINGS.get(pattern, message)
+        elif item["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
+        elif item["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        problem = (format_location(loc), message)
+        if problem not in seen:
+            seen.add(problem)
+            problems.append(problem)
+    return problems
+
+
+def name_problems(name: str | None) -> list[tuple[str, str]]:
+    if not name:
+        return [("metadata.name", "required field is missing")]
+    problems = []
+    if len(name) > MAX_JOB_NAME_LENGTH:
+        problems.append(
+            (
+                "metadata.name",
+                f"must be at most {MAX_JOB_NAME_LENGTH} characters (it names the Service and every pod "
+                f"hostname <name>-<index>), got {len(name)}",
+            )
+        )
+    if not re.match(DNS_1035_LABEL_PATTERN, name):
+        problems.append(
+            (
+                "metadata.name",
+                "must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter "
+                "and ending with a letter or digit",
+            )
+        )
+    return problems
+
+
+def _parallelism_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    resources, vllm = spec.resources, spec.vllm
+    if resources.gpus_per_node > 0 and resources.gpus_per_node % vllm.tensor_parallel_size != 0:
+        problems.append(
+            (
+                "spec.vllm.tensorParallelSize",
+                f"must divide spec.resources.gpusPerNode ({resources.gpus_per_node}): a tensor-parallel group "
+                f"lives inside one node, got {vllm.tensor_parallel_size}",
+            )
+        )
+    if resources.gpus_per_node == 0 and vllm.tensor_parallel_size != 1:
+        problems.append(
+            ("spec.vllm.tensorParallelSize", "must be 1 for a CPU job (spec.resources.gpusPerNode 0 runs no vLLM)")
+        )
+    return problems
+
+
+def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    """Rules that involve more than one field (the schema checks single fields)."""
+    problems = _parallelism_problems(spec)
+    if spec.deepspeed.offload_params == "cpu" and spec.deepspeed.zero_stage != 3:
+        problems.append(("spec.deepspeed.offloadParams", "parameter offload needs spec.deepspeed.zeroStage 3"))
+    for index, reward in enumerate(spec.rewards):
+        if reward.function not in BUILTIN_REWARDS and not _MODULE_FUNCTION.match(reward.function):
+            problems.append(
+                (
+                    f"spec.rewards[{index}].function",
+                    f"{reward.function!r} is neither a built-in reward ({', '.join(sorted(BUILTIN_REWARDS))}) "
+                    "nor module:function",
+                )
+            )
+    problems.extend(trainer_args_problems(spec.trainer_args))
+    max_completion = spec.trainer_args.get("max_completion_length")
+    if (
+        vllm.max_model_len is not None
+        and isinstance(max_completion, int)
+        and spec.dataset.max_prompt_tokens is not None
+        and spec.dataset.max_prompt_tokens + max_completion > vllm.max_model_len
+    ):
+        problems.append(
+            (
+                "spec.vllm.maxModelLen",
+                f"must be at least spec.dataset.maxPromptTokens + trainerArgs.max_completion_length "
+                f"({spec.dataset.max_prompt_tokens} + {max_completion}), got {vllm.max_model_len}",
+            )
+        )
+    return problems
+
+
+def _raw_parallelism_problems(spec_obj: Any) -> list[tuple[str, str]]:
+    """The tensor-parallel rule on a spec that failed type validation elsewhere, when its inputs are sound."""
+    if not isinstance(spec_obj, dict):
+        return []
+    resources = spec_obj.get("resources") if isinstance(spec_obj.get("resources"), dict) else {}
+    vllm = spec_obj.get("vllm") if isinstance(spec_obj.get("vllm"), dict) else {}
+    gpus, tp = resources.get("gpusPerNode", 1), vllm.get("tensorParallelSize", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (gpus, tp)) or gpus < 0 or tp < 1:
+        return []
+    partial = ColocGRPOJobSpec.model_construct(
+        resources=ResourcesSpec.model_construct(gpus_per_node=gpus),
+        vllm=VLLMSpec.model_construct(tensor_parallel_size=tp),
+    )
+    return _parallelism_problems(partial)
+
+
+def parse_job(obj: Any) -> ColocGRPOJob:
+    """Validate a ColocGRPOJob given as a dict (from YAML or the API server).
+
+    Raises JobSpecError listing every problem found, each with its field path.
+    """
+    if not isinstance(obj, dict):
+        raise JobSpecError([("", f"a ColocGRPOJob must be a mapping, got {type(obj).__name__}")])
+    problems: list[tuple[str, str]] = []
+    if obj.get("apiVersion", API_VERSION) != API_VERSION:
+        problems.append(("apiVersion", f"must be {API_VERSION}, got {obj.get('apiVersion')!r}"))
+    if obj.get("kind", KIND) != KIND:
+        problems.append(("kind", f"must be {KIND}, got {obj.get('kind')!r}"))
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    problems.extend(name_problems(metadata.get("name")))
+    try:
+        job = ColocGRPOJob.model_validate(obj)
+    except ValidationError as error:
+        problems.extend(_pydantic_problems(error))
+        # Report trainerArgs key problems too, so one run of `validate` shows everything.
+        raw_args = spec_obj.get("trainerArgs") if isinstance(spec_obj := obj.get("spec"), dict) else None
+        if isinstance(raw_args, dict):
+            problems.extend(trainer_args_problems(raw_args))
+        problems.extend(_raw_parallelism_problems(spec_obj))
+        raise JobSpecError(problems) from None
+    problems.extend(spec_problems(job.spec))
+    if problems:
+        raise JobSpecError(problems)
+    return job
+
+
+# ----------------------------------------------------------------------------- immutability
+
+# Fields a user may change after the gang started; everything else under spec is frozen
+# (see docs/decisions.md, "Spec immutability").
+MUTABLE_AFTER_START = (("runPolicy", "suspend"), ("runPolicy", "ttlSecondsAfterFinished"))
+
+
+def has_started(obj: dict[str, Any]) -> bool:
+    status = obj.get("status") or {}
+    return bool(status.get("startTime"))
+
+
+def spec_change_problems(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
+    """Changes to an already-started job's spec that are not allowed (same rule as the CRD's CEL)."""
+    if not has_started(old):
+        return []
+    old_spec = dict(old.get("spec") or {})
+    new_spec = dict(new.get("spec") or {})
+    old_run = dict(old_spec.pop("runPolicy", None) or {})
+    new_run = dict(new_spec.pop("runPolicy", None) or {})
+    for _, field in MUTABLE_AFTER_START:
+        old_run.pop(field, None)
+        new_run.pop(field, None)
+    problems = []
+    for key in sorted(set(old_spec) | set(new_spec)):
+        if old_spec.get(key) != new_spec.get(key):
+            problems.append((f"spec.{key}", "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)"))
+    for key in sorted(set(old_run) | set(new_run)):
+        if old_run.get(key) != new_run.get(key):
+            problems.append((f"spec.runPolicy.{key}", "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)"))
+    return problems

@@ -1,0 +1,18 @@
+"""`colocgrpo crd`: print the ColocGRPOJob CustomResourceDefinition (generated from the API model)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("crd", help="print the ColocGRPOJob CRD as YAML")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from colocgrpo_operator.api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
