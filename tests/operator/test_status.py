@@ -1,0 +1,428 @@
+"""Status derivation (controller/status.py): pure, so every phase and reason is checked here."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from colocgrpo_operator.controller.status import (
+    Action,
+    RunFacts,
+    assess,
+    condition_of,
+    format_time,
+    invalid_spec_status,
+    reason_from_termination_message,
+    remaining_deadline,
+    set_condition,
+)
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+JOB_UID = "job-uid-1"
+
+
+def batch_job(uid: str = JOB_UID, suspend: bool = False, conditions: list[dict] | None = None,
+              deleting: bool = False, start: str | None = "2026-01-02T03:00:00Z") -> dict[str, Any]:
+    job: dict[str, Any] = {
+        "metadata": {"name": "demo", "namespace": "ns", "uid": uid},
+        "spec": {"suspend": suspend, "completions": 2, "parallelism": 2},
+        "status": {"conditions": conditions or []},
+    }
+    if start and not suspend:
+        job["status"]["startTime"] = start
+    if deleting:
+        job["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:00Z"
+    return job
+
+
+def pod(index: int, phase: str = "Running", uid: str = JOB_UID, *, waiting: str | None = None,
+        terminated: dict | None = None, conditions: list[dict] | None = None, node: str | None = "gpu-0",
+        reason: str | None = None) -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {"startedAt": "2026-01-02T03:01:00Z"}}
+    if waiting:
+        state = {"waiting": {"reason": waiting, "message": f"{waiting} details"}}
+    if terminated is not None:
+        state = {"terminated": terminated}
+    ready = phase == "Running" and waiting is None and terminated is None
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": f"demo-{index}-x",
+            "labels": {"batch.kubernetes.io/job-completion-index": str(index), "colocgrpo.io/job-name": "demo"},
+            "ownerReferences": [{"kind": "Job", "name": "demo", "uid": uid}],
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {
+            "phase": phase,
+            "conditions": (conditions or []) + [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "trainer", "state": state}],
+        },
+    }
+    if reason:
+        body["status"]["reason"] = reason
+    return body
+
+
+def failed(index: int, exit_code: int = 1, message: str = "", reason: str = "Error",
+           finished: str = "2026-01-02T03:02:00Z", **kwargs: Any) -> dict[str, Any]:
+    return pod(index, "Failed", terminated={"exitCode": exit_code, "reason": reason, "message": message,
+                                            "finishedAt": finished}, **kwargs)
+
+
+FACTS = RunFacts(nodes=2, gpus_per_node=8, max_restarts=2, generation=1)
+
+
+def cond(status: dict, type_: str) -> dict:
+    found = condition_of(status, type_)
+    assert found is not None, f"no {type_} condition in {status.get('conditions')}"
+    return found
+
+
+def test_no_job_yet_is_pending_and_asks_for_a_job():
+    result = assess(FACTS, None, [], None, NOW)
+    assert result.phase == "Pending"
+    assert result.action is Action.CREATE_JOB
+    assert cond(result.status, "SpecValid")["status"] == "True"
+    assert "progress" not in result.status
+
+
+def test_all_workers_running_is_running_with_rank0_and_counts():
+    result = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW)
+    assert result.phase == "Running"
+    assert result.action is Action.NONE
+    assert result.status["rank0Pod"] == "demo-0-x"
+    assert result.status["workers"] == {"active": 2, "ready": 2, "succeeded": 0, "failed": 0, "gpus": 16}
+    assert cond(result.status, "Running")["status"] == "True"
+    assert result.status["startTime"] == "2026-01-02T03:00:00Z"
+
+
+def test_pods_of_an_older_job_are_ignored():
+    result = assess(FACTS, batch_job(), [pod(0), pod(1, uid="old-uid")], None, NOW)
+    assert result.phase == "Starting"
+    assert result.status["workers"]["active"] == 1
+
+
+def test_unschedulable_carries_the_scheduler_message():
+    unschedulable = pod(1, "Pending", node=None, conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}])
+    unschedulable["status"]["containerStatuses"] = []
+    result = assess(FACTS, batch_job(), [pod(0), unschedulable], None, NOW)
+    assert result.phase == "Starting"
+    running = cond(result.status, "Running")
+    assert running["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in running["message"]
+    assert "Insufficient nvidia.com/gpu" in result.status["message"]
+
+
+@pytest.mark.parametrize("waiting", ["ImagePullBackOff", "ErrImagePull"])
+def test_image_pull_problems(waiting):
+    result = assess(FACTS, batch_job(), [pod(0, "Pending", waiting=waiting), pod(1)], None, NOW)
+    assert result.phase == "Starting"
+    assert cond(result.status, "Running")["reason"] == "ImagePullBackOff"
+
+
+def test_unschedulable_outranks_image_pull():
+    stuck = pod(0, "Pending", node=None, conditions=[{"type": "PodScheduled", "status": "False",
+                                                      "reason": "Unschedulable", "message": "no gpus"}])
+    result = assess(FACTS, batch_job(), [stuck, pod(1, "Pending", waiting="ImagePullBackOff")], None, NOW)
+    assert cond(result.status, "Running")["reason"] == "Unschedulable"
+
+
+def test_crash_loop_is_reported():
+    result = assess(FACTS, batch_job(), [pod(0, "Running", waiting="CrashLoopBackOff"), pod(1)], None, NOW)
+    assert cond(result.status, "Running")["reason"] == "CrashLoopBackOff"
+
+
+def test_success():
+    job = batch_job(conditions=[{"type": "Complete", "status": "True"}])
+    job["status"]["completionTime"] = "2026-01-02T03:04:00Z"
+    result = assess(FACTS, job, [pod(0, "Succeeded"), pod(1, "Succeeded")], None, NOW)
+    assert result.phase == "Succeeded"
+    assert cond(result.status, "Succeeded")["status"] == "True"
+    assert cond(result.status, "Failed")["status"] == "False"
+    assert result.status["completionTime"] == "2026-01-02T03:04:00Z"
+
+
+def test_terminal_phase_is_latched():
+    done = assess(FACTS, batch_job(conditions=[{"type": "Complete", "status": "True"}]), [], None, NOW).status
+    later = assess(FACTS, None, [], done, NOW + timedelta(minutes=5))
+    assert later.phase == "Succeeded"
+    assert later.action is Action.NONE
+
+
+def test_failure_restarts_the_gang_and_counts():
+    result = assess(FACTS, batch_job(), [failed(0), pod(1)], None, NOW)
+    assert result.phase == "Restarting"
+    assert result.action is Action.RESTART_GANG
+    assert result.status["restarts"] == 1
+    assert result.status["lastFailure"]["jobUid"] == JOB_UID
+    assert result.status["lastFailure"]["exitCode"] == 1
+
+
+def test_the_same_failed_job_is_counted_once():
+    first = assess(FACTS, batch_job(), [failed(0)], None, NOW).status
+    again = assess(FACTS, batch_job(), [failed(0)], first, NOW + timedelta(seconds=3))
+    assert again.status["restarts"] == 1
+    assert again.action is Action.RESTART_GANG
+
+
+def test_restart_then_recreate_then_fail_after_max_restarts():
+    status = None
+    for attempt in range(FACTS.max_restarts):
+        uid = f"uid-{attempt}"
+        result = assess(FACTS, batch_job(uid=uid), [failed(0, uid=uid)], status, NOW)
+        assert result.phase == "Restarting" and result.action is Action.RESTART_GANG
+        status = result.status
+        deleting = assess(FACTS, batch_job(uid=uid, deleting=True), [], status, NOW)
+        assert deleting.phase == "Restarting" and deleting.action is Action.NONE
+        gone = assess(FACTS, None, [], deleting.status, NOW)
+        assert gone.phase == "Restarting" and gone.action is Action.CREATE_JOB
+        status = gone.status
+    assert status["restarts"] == FACTS.max_restarts
+    final = assess(FACTS, batch_job(uid="last"), [failed(1, uid="last", message="boom")], status, NOW)
+    assert final.phase == "Failed"
+    assert final.action is Action.NONE
+    failed_condition = cond(final.status, "Failed")
+    assert failed_condition["status"] == "True"
+    assert failed_condition["reason"] == "MaxRestartsExceeded"
+    assert final.status["restarts"] == FACTS.max_restarts
+    assert "completionTime" in final.status
+
+
+def test_max_restarts_zero_fails_at_once():
+    facts = RunFacts(nodes=1, max_restarts=0)
+    result = assess(facts, batch_job(), [failed(0, reason="OOMKilled", exit_code=137)], None, NOW)
+    assert result.phase == "Failed"
+    assert cond(result.status, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert cond(result.status, "Running")["reason"] == "OOMKilled"
+    assert "OOMKilled" in result.status["message"]
+
+
+def test_eviction_restarts_without_counting():
+    evicted = failed(0, exit_code=137, conditions=[{"type": "DisruptionTarget", "status": "True",
+                                                    "reason": "TerminationByKubelet", "message": "node pressure"}])
+    facts = RunFacts(nodes=2, max_restarts=0)
+    result = assess(facts, batch_job(), [evicted, failed(1, message="NCCL timeout")], None, NOW)
+    assert result.phase == "Restarting"
+    assert result.action is Action.RESTART_GANG
+    assert result.status["restarts"] == 0
+    assert result.status["disruptions"] == 1
+    assert result.status["lastFailure"]["counted"] is False
+    assert cond(result.status, "Running")["reason"] == "Evicted"
+
+
+def test_preemption_is_named():
+    preempted = failed(0, conditions=[{"type": "DisruptionTarget", "status": "True",
+                                       "reason": "PreemptionByScheduler"}])
+    result = assess(FACTS, batch_job(), [preempted], None, NOW)
+    assert cond(result.status, "Running")["reason"] == "Preempted"
+
+
+def test_legacy_eviction_without_condition():
+    result = assess(FACTS, batch_job(), [pod(0, "Failed", reason="Evicted")], None, NOW)
+    assert result.status["disruptions"] == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (json.dumps({"reason": "CUDAOutOfMemory", "message": "tried to allocate 2 GiB"}), "CUDAOutOfMemory"),
+        (json.dumps({"reason": "NCCLTimeout", "message": "allreduce timed out"}), "NCCLTimeout"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", "CUDAOutOfMemory"),
+        ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)", "NCCLTimeout"),
+        ("segfault", "Error"),
+        (json.dumps({"reason": "not a reason!", "message": "CUDA out of memory"}), "CUDAOutOfMemory"),
+    ],
+)
+def test_termination_message_reasons(message, reason):
+    result = assess(FACTS, batch_job(), [failed(0, message=message)], None, NOW)
+    assert cond(result.status, "Running")["reason"] == reason
+    assert result.status["lastFailure"]["reason"] == reason
+
+
+def test_oom_killed():
+    result = assess(FACTS, batch_job(), [failed(0, exit_code=137, reason="OOMKilled")], None, NOW)
+    assert result.status["lastFailure"]["reason"] == "OOMKilled"
+    assert result.phase == "Restarting"
+
+
+def test_first_pod_to_die_is_the_cause():
+    cause = failed(1, reason="OOMKilled", exit_code=137, finished="2026-01-02T03:01:00Z")
+    victim = failed(0, message="NCCL watchdog timeout", finished="2026-01-02T03:03:00Z")
+    result = assess(FACTS, batch_job(), [victim, cause], None, NOW)
+    assert result.status["lastFailure"]["reason"] == "OOMKilled"
+
+
+@pytest.mark.parametrize("reason", ["InvalidConfig", "DataError"])
+def test_non_retryable_trainer_errors_fail_at_once(reason):
+    message = json.dumps({"reason": reason, "message": "dataset column missing"})
+    result = assess(FACTS, batch_job(), [failed(0, message=message)], None, NOW)
+    assert result.phase == "Failed"
+    assert result.action is Action.NONE
+    assert cond(result.status, "Failed")["reason"] == reason
+
+
+def test_job_deadline_exceeded():
+    job = batch_job(conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                 "message": "Job was active longer than specified deadline"}])
+    result = assess(FACTS, job, [], None, NOW)
+    assert result.phase == "Failed"
+    assert cond(result.status, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_deadline_counts_across_restarts():
+    facts = RunFacts(nodes=1, active_deadline_seconds=600)
+    assert remaining_deadline(facts, {}, NOW) == 600
+    started = {"startTime": format_time(NOW - timedelta(seconds=100))}
+    assert remaining_deadline(facts, started, NOW) == 500
+    expired = {"startTime": format_time(NOW - timedelta(seconds=700)), "phase": "Restarting"}
+    assert remaining_deadline(facts, expired, NOW) == 0
+    result = assess(facts, None, [], expired, NOW)
+    assert result.phase == "Failed"
+    assert result.action is Action.NONE
+    assert cond(result.status, "Failed")["reason"] == "DeadlineExceeded"
+    assert remaining_deadline(RunFacts(nodes=1), started, NOW) is None
+
+
+def test_job_failed_without_pods():
+    job = batch_job(conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
+    result = assess(FACTS, job, [], None, NOW)
+    assert result.phase == "Restarting"
+    assert result.status["lastFailure"]["reason"] == "BackoffLimitExceeded"
+
+
+def test_user_suspend_is_propagated_and_shown():
+    facts = RunFacts(nodes=2, suspend=True)
+    running = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)
+    assert running.action is Action.SUSPEND_JOB
+    suspended = assess(facts, batch_job(suspend=True), [], None, NOW)
+    assert suspended.phase == "Suspended"
+    assert cond(suspended.status, "Suspended")["status"] == "True"
+    assert suspended.action is Action.NONE
+
+
+def test_resume_without_kueue_unsuspends():
+    result = assess(RunFacts(nodes=2), batch_job(suspend=True), [], None, NOW)
+    assert result.action is Action.RESUME_JOB
+    assert result.phase == "Pending"
+
+
+def test_kueue_queued_and_never_resumed_by_the_operator():
+    facts = RunFacts(nodes=2, queue_name="gpu-queue")
+    queued = assess(facts, batch_job(suspend=True), [], None, NOW)
+    assert queued.phase == "Queued"
+    assert queued.action is Action.NONE
+    assert cond(queued.status, "Queued")["status"] == "True"
+    admitted = assess(facts, batch_job(suspend=False), [pod(0), pod(1)], queued.status, NOW)
+    assert admitted.phase == "Running"
+    assert admitted.action is Action.NONE
+    assert cond(admitted.status, "Queued")["status"] == "False"
+
+
+def test_kueue_job_can_still_be_suspended_by_the_user():
+    facts = RunFacts(nodes=2, queue_name="gpu-queue", suspend=True)
+    assert assess(facts, batch_job(), [pod(0), pod(1)], None, NOW).action is Action.SUSPEND_JOB
+
+
+def test_suspended_job_pods_are_not_failures():
+    result = assess(RunFacts(nodes=2, suspend=True), batch_job(suspend=True), [failed(0)], None, NOW)
+    assert result.phase == "Suspended"
+    assert result.status.get("restarts", 0) == 0
+
+
+def test_stall_detection():
+    facts = RunFacts(nodes=2, stall_timeout_seconds=60)
+    first = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)
+    assert cond(first.status, "Stalled")["status"] == "False"
+    progress = {"step": 7, "lastUpdateTime": format_time(NOW)}
+    fresh = assess(facts, batch_job(), [pod(0), pod(1)], first.status, NOW + timedelta(seconds=30), progress)
+    assert cond(fresh.status, "Stalled")["status"] == "False"
+    stale = assess(facts, batch_job(), [pod(0), pod(1)], fresh.status, NOW + timedelta(seconds=61), progress)
+    stalled = cond(stale.status, "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "Stalled"
+    assert "step 7" in stalled["message"]
+    assert stale.phase == "Running"
+    moving = dict(progress, step=8, lastUpdateTime=format_time(NOW + timedelta(seconds=62)))
+    recovered = assess(facts, batch_job(), [pod(0), pod(1)], stale.status, NOW + timedelta(seconds=63), moving)
+    assert cond(recovered.status, "Stalled")["status"] == "False"
+
+
+def test_no_progress_ever_counts_from_running_start():
+    facts = RunFacts(nodes=1, stall_timeout_seconds=60)
+    first = assess(facts, batch_job(), [pod(0)], None, NOW)
+    later = assess(facts, batch_job(), [pod(0)], first.status, NOW + timedelta(seconds=90))
+    assert cond(later.status, "Stalled")["status"] == "True"
+
+
+def test_progress_is_never_written():
+    previous = {"phase": "Running", "progress": {"step": 3}}
+    result = assess(FACTS, batch_job(), [pod(0), pod(1)], previous, NOW, previous["progress"])
+    assert "progress" not in result.status
+
+
+def test_invalid_spec_status_names_fields_and_revives_when_fixed():
+    status = invalid_spec_status(None, [("spec.vllm.tensorParallelSize", "must divide gpusPerNode")], NOW, 1)
+    assert status["phase"] == "Failed"
+    assert cond(status, "SpecValid")["reason"] == "InvalidSpec"
+    assert "spec.vllm.tensorParallelSize" in cond(status, "SpecValid")["message"]
+    fixed = assess(RunFacts(nodes=1, generation=2), None, [], status, NOW)
+    assert fixed.phase == "Pending"
+    assert fixed.action is Action.CREATE_JOB
+    assert cond(fixed.status, "SpecValid")["status"] == "True"
+    assert cond(fixed.status, "Failed")["status"] == "False"
+
+
+def test_transition_time_moves_only_on_flip():
+    conditions = set_condition([], "Running", False, "A", "m", NOW)
+    same = set_condition(conditions, "Running", False, "B", "other", NOW + timedelta(minutes=1))
+    assert same[0]["lastTransitionTime"] == format_time(NOW)
+    assert same[0]["reason"] == "B"
+    flipped = set_condition(same, "Running", True, "C", "m", NOW + timedelta(minutes=2))
+    assert flipped[0]["lastTransitionTime"] == format_time(NOW + timedelta(minutes=2))
+
+
+def test_reassessing_an_unchanged_world_changes_nothing():
+    first = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW).status
+    second = assess(FACTS, batch_job(), [pod(0), pod(1)], first, NOW + timedelta(seconds=30)).status
+    assert first == second
+
+
+def test_reason_from_text_helper():
+    assert reason_from_termination_message("")[0] is None
+    assert reason_from_termination_message('{"reason": "VLLMError", "message": "engine died"}') == (
+        "VLLMError", "engine died")
+
+
+# --- property: any garbage in, a well-formed status out --------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+k8s_like = st.dictionaries(
+    st.sampled_from(["metadata", "spec", "status"]),
+    st.dictionaries(st.sampled_from(["uid", "suspend", "conditions", "phase", "containerStatuses", "ownerReferences",
+                                     "deletionTimestamp", "startTime", "labels", "lastFailure", "restarts"]),
+                    json_values, max_size=5),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(job=st.none() | k8s_like, pods=st.lists(k8s_like, max_size=4), previous=st.none() | json_values,
+       progress=st.none() | json_values, nodes=st.integers(1, 4), restarts=st.integers(0, 3))
+def test_garbage_never_crashes(job, pods, previous, progress, nodes, restarts):
+    previous = previous if isinstance(previous, dict) else None
+    progress = progress if isinstance(progress, dict) else None
+    result = assess(RunFacts(nodes=nodes, max_restarts=restarts, stall_timeout_seconds=5), job, pods,
+                    previous, NOW, progress)
+    assert result.status["phase"] in {"Pending", "Queued", "Suspended", "Starting", "Running", "Restarting",
+                                      "Succeeded", "Failed"}
+    assert "progress" not in result.status
+    json.dumps(result.status)
