@@ -103,6 +103,8 @@ def load_split(settings: DatasetSettings) -> Dataset:
     except DataError:
         raise
     except ValueError as err:
+        if "corresponds to no data" in str(err):  # datasets' wording for a split with zero rows
+            raise DataError(f"dataset {source!r} split {settings.split!r} is empty (it has no rows)") from err
         # datasets raises ValueError('Unknown split "x". Should be one of [...]') among others.
         raise DataError(f"dataset {source!r} split {settings.split!r} could not be loaded: {err}") from err
     except FileNotFoundError as err:

@@ -1,0 +1,85 @@
+"""Built-in rewards against hand cases (open-r1 semantics) and user-reward resolution."""
+
+from __future__ import annotations
+
+import pytest
+
+from colocgrpo_training.config import RewardSettings
+from colocgrpo_training.rewards import RewardError, resolve_reward, resolve_rewards
+from colocgrpo_training.rewards.builtin import accuracy_reward, format_reward, tag_count_reward
+
+pytestmark = pytest.mark.trainer
+
+
+def chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def test_accuracy_rewards_matching_boxed_answer():
+    completions = [chat(r"So the answer is $\boxed{5}$."), chat(r"The result is $\boxed{6}$."), chat("5")]
+    assert accuracy_reward(completions, solution=["$5$", "$5$", "$5$"]) == [1.0, 0.0, 0.0]
+
+
+def test_accuracy_compares_mathematically_not_textually():
+    completions = [chat(r"$\boxed{\frac{1}{2}}$"), chat(r"$\boxed{0.5}$"), chat(r"$\boxed{\frac{2}{4}}$")]
+    assert accuracy_reward(completions, solution=[r"$\frac{1}{2}$"] * 3) == [1.0, 1.0, 1.0]
+
+
+def test_accuracy_skips_unparsable_gold_with_none():
+    rewards = accuracy_reward([chat(r"$\boxed{5}$"), chat(r"$\boxed{5}$")], solution=["no answer here", "$5$"])
+    assert rewards == [None, 1.0]
+
+
+def test_accuracy_accepts_plain_string_completions():
+    assert accuracy_reward([r"$\boxed{12}$"], solution=["$12$"]) == [1.0]
+
+
+def test_format_requires_exact_think_answer_layout():
+    good = "<think>\nadd them\n</think>\n<answer>\n5\n</answer>"
+    assert format_reward([chat(good)]) == [1.0]
+    assert format_reward([chat("preamble " + good)]) == [0.0]
+    assert format_reward([chat("<think>add</think><answer>5</answer>")]) == [0.0]
+    assert format_reward([chat("<think>\nmulti\nline\n</think>\n<answer>\n5\n</answer>")]) == [1.0]
+
+
+def test_tag_count_gives_a_quarter_per_tag_seen_once():
+    assert tag_count_reward([chat("<think>\nx\n</think>\n<answer>\n5\n</answer>")]) == [1.0]
+    assert tag_count_reward([chat("<think>\nx\n</think>\n")]) == [0.5]
+    assert tag_count_reward([chat("<think>\n<think>\n")]) == [0.0]
+    assert tag_count_reward([chat("nothing")]) == [0.0]
+
+
+def test_user_reward_resolved_from_reward_modules_dir(tmp_path):
+    (tmp_path / "my_rewards.py").write_text(
+        "def length_reward(completions, **kwargs):\n"
+        "    return [float(len(c[0]['content'])) for c in completions]\n"
+    )
+    functions, weights = resolve_rewards(
+        [RewardSettings(function="format", weight=0.5), RewardSettings(function="my_rewards:length_reward", weight=2)],
+        reward_modules_dir=str(tmp_path),
+    )
+    assert functions[0] is format_reward
+    assert functions[1].__name__ == "length_reward"
+    assert functions[1]([chat("abc")]) == [3.0]
+    assert weights == [0.5, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("accurracy", "neither a built-in reward"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("json:no_such_function", "has no attribute 'no_such_function'"),
+        ("json:__doc__", "is not callable"),
+        (":f", "must look like 'module:function'"),
+    ],
+)
+def test_bad_reward_entries_are_named(spec, fragment):
+    with pytest.raises(RewardError) as err:
+        resolve_rewards([RewardSettings(function="format"), RewardSettings(function=spec)])
+    assert "rewards[1].function" in str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_resolve_reward_returns_builtin_by_name():
+    assert resolve_reward("tag_count") is tag_count_reward
