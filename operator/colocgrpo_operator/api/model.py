@@ -393,6 +393,18 @@ class ProgressStatus(_Spec):
     last_checkpoint: Annotated[str, Field(max_length=4096)] | None = None
 
 
+class FailureStatus(_Spec):
+    """The most recent gang failure, as the operator classified it (written by the operator)."""
+
+    reason: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="CamelCase reason: OOMKilled, CUDAOutOfMemory, NCCLTimeout, Evicted, Error, ...")
+    message: Annotated[str, Field(max_length=32768)] | None = None
+    counted: bool | None = Field(default=None, description="False for evictions and preemptions, which do not count against maxRestarts.")
+    pod: Annotated[str, Field(max_length=MAX_SHORT_STRING)] | None = Field(default=None, description="The pod that failed first.")
+    exit_code: int | None = None
+    job_uid: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="uid of the batch Job that failed (each failure is counted once).")
+    time: Timestamp | None = None
+
+
 class ColocGRPOJobStatus(_Spec):
     """Observed state. The operator owns everything except `progress`, which the trainer owns."""
 
@@ -403,6 +415,8 @@ class ColocGRPOJobStatus(_Spec):
     start_time: Timestamp | None = Field(default=None, description="When the gang first started; from then on the spec is immutable (except suspend and TTL).")
     completion_time: Timestamp | None = None
     restarts: int = Field(default=0, ge=0, description="Whole-gang restarts so far.")
+    disruptions: int | None = Field(default=None, ge=0, description="Gang restarts after evictions or preemptions (not counted in restarts).")
+    last_failure: FailureStatus | None = Field(default=None, description="The most recent gang failure.")
     workers: WorkersStatus | None = None
     rank0_pod: DnsName | None = Field(default=None, description="Name of the pod with completion index 0 (logs live there).")
     progress: ProgressStatus | None = None
