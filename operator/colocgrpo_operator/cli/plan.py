@@ -1,0 +1,120 @@
+"""`colocgrpo plan -f job.yaml`: will this job fit in GPU memory, and what gpuMemoryUtilization to use.
+
+Exit codes: 0 the job fits, 1 it cannot fit (the output names the term and how many GiB over),
+2 bad input (unreadable file, invalid spec, unknown model without spec.model.parameterCount).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_FITS = 0
+EXIT_DOES_NOT_FIT = 1
+EXIT_BAD_INPUT = 2
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="estimate per-GPU memory for a ColocGRPOJob and recommend gpuMemoryUtilization",
+        description=(
+            "Estimate per-GPU memory of the training phase (DeepSpeed model states, activations, LM head) "
+            "and the generation phase (vLLM's reservation next to the trainer's states), offline. "
+            "Exit 0 when the job fits, 1 when it cannot, 2 on bad input."
+        ),
+    )
+    parser.add_argument("-f", "--filename", required=True, help="ColocGRPOJob YAML file ('-' for stdin)")
+    parser.add_argument(
+        "--gpu-memory-gib", type=float, default=None,
+        help="memory per GPU in GiB (default: the job's colocgrpo.io/gpu-memory-gib annotation, else 140.4 = H200)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(func=run)
+
+
+def _load_job(filename: str) -> tuple[dict[str, Any], Path | None]:
+    import yaml
+
+    if filename == "-":
+        text, base_dir = sys.stdin.read(), None
+    else:
+        path = Path(filename)
+        text, base_dir = path.read_text(), path.resolve().parent
+    documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    jobs = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind", "ColocGRPOJob") == "ColocGRPOJob"]
+    if not jobs:
+        raise ValueError(f"{filename}: no ColocGRPOJob document found")
+    if len(jobs) > 1:
+        raise ValueError(f"{filename}: {len(jobs)} ColocGRPOJob documents; plan one at a time")
+    return jobs[0], base_dir
+
+
+def _validation_problems(job: dict[str, Any]) -> list[str]:
+    """Field-named problems from the API model, when it is importable (it is in every install)."""
+    try:
+        from colocgrpo_operator.api import JobSpecError, parse_job
+    except ImportError:  # planner usable on its own
+        return []
+    try:
+        parse_job(job)
+    except JobSpecError as error:
+        return error.lines()
+    except Exception as error:  # noqa: BLE001 - a validator bug must not hide the plan
+        print(f"warning: spec validation failed internally ({error!r}); planning from the raw spec", file=sys.stderr)
+    return []
+
+
+def _print_rich(plan: Any) -> None:
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    style = "bold green" if plan.fits else "bold red"
+    for index, line in enumerate(plan.lines()):
+        if index == 0:
+            console.print(line, style=style, markup=False, highlight=False)
+        elif line.startswith("problem:"):
+            console.print(line, style="red", markup=False, highlight=False)
+        elif line.startswith("warning:"):
+            console.print(line, style="yellow", markup=False, highlight=False)
+        else:
+            console.print(line, markup=False, highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from colocgrpo_training.planner import PlanInputError, plan_job
+
+    try:
+        job, base_dir = _load_job(args.filename)
+    except yaml.YAMLError as error:
+        print(f"error: {args.filename}: not valid YAML: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    problems = _validation_problems(job)
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        print("error: --gpu-memory-gib: must be positive", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        plan = plan_job(job, gpu_memory_gib=args.gpu_memory_gib, base_dir=base_dir)
+    except PlanInputError as error:
+        print(f"error: {error.field}: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        try:
+            _print_rich(plan)
+        except ImportError:
+            print("\n".join(plan.lines()))
+    return EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT

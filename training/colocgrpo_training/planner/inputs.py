@@ -1,0 +1,316 @@
+"""What the planner reads from a ColocGRPOJob spec, with TRL 1.16's defaults filled in.
+
+The spec arrives as a plain dict (camelCase, as in YAML or from the API server) or as the typed
+`ColocGRPOJobSpec`; both become one `PlanInputs`. Only the fields that change memory are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from colocgrpo_training.planner.shapes import (
+    KNOWN_FAMILIES,
+    ModelShape,
+    PlanInputError,
+    approximate_shape,
+    builtin_shape,
+    parse_parameter_count,
+    shape_from_config,
+)
+
+# nvidia-smi on an H200 SXM reports 143771 MiB = 140.4 GiB ("141 GB" on the datasheet); vLLM's
+# gpu_memory_utilization multiplies torch's total_memory, which is this number.
+DEFAULT_GPU_MEMORY_GIB = 140.4
+GPU_MEMORY_ANNOTATION = "colocgrpo.io/gpu-memory-gib"
+
+# TRL 1.16 / transformers defaults for the GRPOConfig arguments the plan depends on.
+TRL_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,  # transformers TrainingArguments
+    "gradient_accumulation_steps": 1,
+    "max_completion_length": 512,  # GRPOConfig
+    "gradient_checkpointing": True,  # GRPOConfig overrides transformers' False
+    "beta": 0.0,  # GRPOConfig: no reference model unless beta > 0
+}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    model_name: str
+    shape: ModelShape
+    parameter_count: int
+    dtype_bytes: int
+    nodes: int
+    gpus_per_node: int
+    zero_stage: int
+    offload_optimizer: bool
+    offload_parameters: bool
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    sleep_policy: str
+    max_model_len: int  # effective: the spec's, else the model's context window
+    max_num_seqs: int | None
+    offload_trainer_state: bool
+    per_device_train_batch_size: int
+    steps_per_generation: int
+    prompt_tokens: int
+    completion_tokens: int
+    gradient_checkpointing: bool
+    beta: float
+    gpu_memory_gib: float
+    assumptions: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Padded training sequence: prompt + completion, which vLLM cuts at max_model_len."""
+        return min(self.prompt_tokens + self.completion_tokens, self.max_model_len)
+
+    @property
+    def generation_sequences(self) -> int:
+        """Sequences one engine generates at once: TRL gathers the prompts of its TP group and sets
+        max_num_seqs = per_device_train_batch_size x TP x steps_per_generation (grpo_trainer.py)."""
+        batch = self.per_device_train_batch_size * self.tensor_parallel_size * self.steps_per_generation
+        return min(batch, self.max_num_seqs) if self.max_num_seqs else batch
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _as_mapping(spec: Any) -> Mapping[str, Any]:
+    if isinstance(spec, Mapping):
+        return spec
+    dump = getattr(spec, "model_dump", None)
+    if callable(dump):  # the typed ColocGRPOJobSpec (pydantic)
+        return dump(mode="json", by_alias=True)
+    raise PlanInputError("spec", f"expected a mapping or a ColocGRPOJobSpec, got {type(spec).__name__}")
+
+
+def _section(spec: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = spec.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PlanInputError(f"spec.{name}", f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _get(section: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+    """First present key among camelCase and snake_case spellings of `names`."""
+    for name in names:
+        for key in (_camel(name), name):
+            if section.get(key) is not None:
+                return section[key]
+    return default
+
+
+def _int(value: Any, field: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        raise PlanInputError(field, f"must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PlanInputError(field, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _truthy(value: Any) -> bool:
+    """DeepSpeed offload fields are "none" | "cpu" (| "nvme"); accept booleans too."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "none", "false", "off", "no")
+    return bool(value)
+
+
+def resolve_shape(name: str, parameter_count: Any, base_dir: Path | None) -> tuple[ModelShape, list[str]]:
+    warnings: list[str] = []
+    candidate = Path(name).expanduser()
+    if not candidate.is_absolute() and base_dir is not None:
+        candidate = base_dir / candidate
+    if candidate.is_dir():
+        config = candidate / "config.json"
+        if not config.is_file():
+            raise PlanInputError("spec.model.name", f"local directory {candidate} has no config.json")
+        shape = shape_from_config(config)
+    else:
+        shape = builtin_shape(name)
+    if shape is None:
+        if parameter_count is None:
+            raise PlanInputError(
+                "spec.model.name",
+                f"unknown model {name!r}: no local config.json at that path and not in the built-in table "
+                f"({KNOWN_FAMILIES}); set spec.model.parameterCount to plan with an approximate shape",
+            )
+        shape = approximate_shape(parse_parameter_count(parameter_count))
+        warnings.append(f"model shape is approximate ({shape.source}); activation and KV-cache terms may be off")
+    elif parameter_count is not None:
+        declared = parse_parameter_count(parameter_count)
+        derived = shape.parameter_count()
+        if abs(declared - derived) > 0.1 * derived:
+            warnings.append(
+                f"spec.model.parameterCount {declared / 1e9:.2f}B differs from the {derived / 1e9:.2f}B that "
+                f"{shape.source} gives; planning with the latter"
+            )
+    return shape, warnings
+
+
+def read_inputs(
+    spec: Any,
+    *,
+    base_dir: Path | None = None,
+    gpu_memory_gib: float | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> PlanInputs:
+    """Normalize a job spec into PlanInputs; raises PlanInputError naming the spec field at fault."""
+    spec = _as_mapping(spec)
+    model = _section(spec, "model")
+    resources = _section(spec, "resources")
+    vllm = _section(spec, "vllm")
+    deepspeed = _section(spec, "deepspeed")
+    dataset = _section(spec, "dataset")
+    trainer_args = _section(spec, "trainerArgs") or _section(spec, "trainer_args")
+    assumptions: list[str] = []
+    warnings: list[str] = []
+
+    name = _get(model, "name", "name_or_path")
+    if not isinstance(name, str) or not name:
+        raise PlanInputError("spec.model.name", "is required (a Hub id or a local directory)")
+    shape, shape_warnings = resolve_shape(name, _get(model, "parameter_count"), base_dir)
+    warnings.extend(shape_warnings)
+
+    dtype = str(_get(model, "dtype", default="bfloat16"))
+    if dtype not in DTYPE_BYTES:
+        raise PlanInputError("spec.model.dtype", f"must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    if dtype == "auto":
+        assumptions.append("dtype auto planned as bfloat16")
+    if dtype == "float32":
+        warnings.append("float32 weights: model states follow DeepSpeed's mixed-precision formulas (underestimate)")
+
+    nodes = _int(_get(resources, "nodes", default=1), "spec.resources.nodes", 1)
+    gpus_per_node = _int(_get(resources, "gpus_per_node", default=1), "spec.resources.gpusPerNode", 0)
+
+    zero_stage = _int(_get(deepspeed, "zero_stage", default=3), "spec.deepspeed.zeroStage", 0)
+    if zero_stage > 3:
+        raise PlanInputError("spec.deepspeed.zeroStage", f"must be 0-3, got {zero_stage}")
+    offload_optimizer = _truthy(_get(deepspeed, "offload_optimizer", default="none"))
+    offload_parameters = _truthy(_get(deepspeed, "offload_params", "offload_parameters", default="none"))
+    if offload_parameters and zero_stage != 3:
+        warnings.append(f"spec.deepspeed.offloadParams only exists in ZeRO-3; ignored at stage {zero_stage}")
+        offload_parameters = False
+    if offload_optimizer and zero_stage == 0:
+        warnings.append("spec.deepspeed.offloadOptimizer needs ZeRO stage >= 1; ignored at stage 0")
+        offload_optimizer = False
+    if offload_parameters and not offload_optimizer:
+        # DeepSpeed's estimator has no "params offloaded, optimizer on GPU" row; it does not exist in practice.
+        warnings.append("spec.deepspeed.offloadParams without offloadOptimizer: planned as both offloaded")
+        offload_optimizer = True
+
+    tp = _int(_get(vllm, "tensor_parallel_size", default=1), "spec.vllm.tensorParallelSize", 1)
+    utilization = _number(_get(vllm, "gpu_memory_utilization", default=0.3), "spec.vllm.gpuMemoryUtilization")
+    if not 0 < utilization < 1:
+        raise PlanInputError("spec.vllm.gpuMemoryUtilization", f"must be in (0, 1), got {utilization}")
+    if _get(vllm, "gpu_memory_utilization") is None:
+        assumptions.append("gpuMemoryUtilization unset: vLLM gets the default 0.3")
+    sleep_policy = _get(vllm, "sleep_policy", default="auto")
+    sleep_policy = str(getattr(sleep_policy, "value", sleep_policy))
+    if sleep_policy not in ("off", "level1", "level2", "auto"):
+        raise PlanInputError("spec.vllm.sleepPolicy", f"must be off, level1, level2 or auto, got {sleep_policy!r}")
+    max_num_seqs = _get(vllm, "max_num_seqs")
+    if max_num_seqs is not None:
+        max_num_seqs = _int(max_num_seqs, "spec.vllm.maxNumSeqs", 1)
+    offload_trainer_state = bool(_get(vllm, "offload_trainer_state", default=False))
+
+    def arg(key: str) -> Any:
+        return trainer_args.get(key, TRL_DEFAULTS.get(key))
+
+    batch = _int(arg("per_device_train_batch_size"), "spec.trainerArgs.per_device_train_batch_size", 1)
+    accumulation = _int(arg("gradient_accumulation_steps"), "spec.trainerArgs.gradient_accumulation_steps", 1)
+    steps_per_generation = trainer_args.get("steps_per_generation")
+    if steps_per_generation is not None:
+        steps_per_generation = _int(steps_per_generation, "spec.trainerArgs.steps_per_generation", 1)
+    elif trainer_args.get("generation_batch_size") is not None and gpus_per_node > 0:
+        generation_batch = _int(trainer_args["generation_batch_size"], "spec.trainerArgs.generation_batch_size", 1)
+        steps_per_generation = max(1, generation_batch // (batch * nodes * gpus_per_node))
+    else:
+        steps_per_generation = accumulation  # GRPOConfig.__post_init__
+    completion = _int(arg("max_completion_length"), "spec.trainerArgs.max_completion_length", 1)
+    gradient_checkpointing = bool(arg("gradient_checkpointing"))
+    beta = _number(arg("beta"), "spec.trainerArgs.beta")
+
+    spec_max_len = _get(vllm, "max_model_len")
+    if spec_max_len is not None:
+        max_model_len = _int(spec_max_len, "spec.vllm.maxModelLen", 1)
+    else:
+        max_model_len = shape.max_position_embeddings or 0
+    prompt = _get(dataset, "max_prompt_tokens")
+    if prompt is None:
+        prompt = trainer_args.get("max_prompt_length")
+    if prompt is not None:
+        prompt = _int(prompt, "spec.dataset.maxPromptTokens", 1)
+    elif spec_max_len is not None:
+        prompt = max(1, max_model_len - completion)
+        assumptions.append(f"maxPromptTokens unset: prompts assumed up to maxModelLen - completion = {prompt} tokens")
+    else:
+        prompt = 512
+        assumptions.append("maxPromptTokens unset: prompts assumed up to 512 tokens")
+    if not max_model_len:
+        max_model_len = prompt + completion
+        assumptions.append(f"maxModelLen unset and unknown for this model: assumed prompt + completion = {max_model_len}")
+    elif spec_max_len is None:
+        assumptions.append(
+            f"maxModelLen unset: vLLM uses the model's context window, {max_model_len} tokens, and must fit one "
+            "such sequence in its KV cache; set spec.vllm.maxModelLen to prompt + completion to need less"
+        )
+
+    gib = gpu_memory_gib
+    if gib is None and annotations and annotations.get(GPU_MEMORY_ANNOTATION):
+        try:
+            gib = float(annotations[GPU_MEMORY_ANNOTATION])
+        except ValueError:
+            raise PlanInputError(
+                f"metadata.annotations[{GPU_MEMORY_ANNOTATION}]",
+                f"must be a number of GiB, got {annotations[GPU_MEMORY_ANNOTATION]!r}",
+            ) from None
+    if gib is None:
+        gib = _get(resources, "gpu_memory_gib")
+    gib = DEFAULT_GPU_MEMORY_GIB if gib is None else _number(gib, "gpu memory (GiB)")
+    if gib <= 0:
+        raise PlanInputError("gpu memory (GiB)", f"must be positive, got {gib}")
+
+    return PlanInputs(
+        model_name=name,
+        shape=shape,
+        parameter_count=shape.parameter_count(),
+        dtype_bytes=DTYPE_BYTES[dtype],
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        zero_stage=zero_stage,
+        offload_optimizer=offload_optimizer,
+        offload_parameters=offload_parameters,
+        tensor_parallel_size=tp,
+        gpu_memory_utilization=utilization,
+        sleep_policy=sleep_policy,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        offload_trainer_state=offload_trainer_state,
+        per_device_train_batch_size=batch,
+        steps_per_generation=steps_per_generation,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        gradient_checkpointing=gradient_checkpointing,
+        beta=beta,
+        gpu_memory_gib=gib,
+        assumptions=tuple(assumptions),
+        warnings=tuple(warnings),
+    )
