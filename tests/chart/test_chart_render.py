@@ -1,0 +1,256 @@
+"""The chart rendered by the real helm: defaults, every toggle, schema-checked values."""
+
+from __future__ import annotations
+
+import pytest
+
+from helm_chart import CHART, by_kind, one, run_helm
+
+K8S_SCHEMA_VERSION = "1.36.0"  # the dev cluster's minor version
+
+
+def test_helm_lint_passes_strict(helm):
+    result = run_helm(helm, "lint", "--strict", str(CHART))
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_helm_lint_passes_for_namespaced_and_monitoring_values(helm):
+    run_helm(
+        helm, "lint", "--strict", str(CHART),
+        "--set", "watchNamespaces={team-a,team-b}", "--set", "metrics.serviceMonitor.enabled=true",
+    )
+
+
+def test_defaults_are_valid_kubernetes_objects(render_chart):
+    import kubernetes_validate
+
+    objects = render_chart()
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount",
+    ]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
+
+
+def _operator_container(objects):
+    deployment = one(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+def test_deployment_is_one_recreated_replica_with_liveness_probe(render_chart):
+    deployment, container = _operator_container(render_chart())
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"liveness": 8080, "metrics": 9090}
+    assert probe["port"] == "liveness"
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_deployment_is_hardened(render_chart):
+    deployment, container = _operator_container(render_chart())
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The one writable place: /tmp on an emptyDir.
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"] and "emptyDir" in pod["volumes"][0]
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+
+
+def test_operator_command_line_defaults(render_chart):
+    deployment, container = _operator_container(render_chart())
+    assert container["command"] == ["colocgrpo", "operator"]
+    assert container["args"] == [
+        "--all-namespaces",
+        "--trainer-image=colocgrpo/trainer:0.1.0",
+        "--log-level=info",
+        "--liveness-port=8080",
+        "--metrics-port=9090",
+    ]
+    assert container["image"] == "colocgrpo/operator:0.1.0"  # tag defaults to appVersion
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "cgo-colocgrpo-operator"
+
+
+def test_values_reach_the_command_line_and_pod(render_chart):
+    deployment, container = _operator_container(render_chart(
+        "--set", "trainerImage=registry.example/trainer:9",
+        "--set", "logLevel=debug",
+        "--set", "image.digest=sha256:" + "a" * 64,
+        "--set", "nodeSelector.pool=system",
+        "--set", "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
+        "--set", "extraArgs={--peering=none}",
+    ))
+    assert "--trainer-image=registry.example/trainer:9" in container["args"]
+    assert "--log-level=debug" in container["args"]
+    assert container["args"][-1] == "--peering=none"
+    assert container["image"] == "colocgrpo/operator@sha256:" + "a" * 64
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+
+
+def _rules(role):
+    return {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+# What the operator needs, exactly (tests/chart/test_chart_install.py proves it is enough).
+NAMESPACED_RULES = {
+    ("colocgrpo.io", "colocgrpojobs"): {"get", "list", "watch", "patch", "update"},
+    ("colocgrpo.io", "colocgrpojobs/status"): {"get", "patch", "update"},
+    ("", "configmaps"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("", "services"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("", "serviceaccounts"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CRD_DISCOVERY = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
+
+
+def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
+    objects = render_chart()
+    role = one(objects, "ClusterRole")
+    assert _rules(role) == {**NAMESPACED_RULES, **CRD_DISCOVERY, **NAMESPACE_OBSERVATION}
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}]
+    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+
+
+def test_no_rule_grants_secrets_exec_logs_wildcards_or_crd_writes(render_chart):
+    for objects in (render_chart(), render_chart("--set", "watchNamespaces={a}")):
+        for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes"} & set(rule["resources"])
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+            crd = _rules(role).get(("apiextensions.k8s.io", "customresourcedefinitions"), set())
+            assert crd <= {"get", "list", "watch"}
+
+
+def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
+    objects = render_chart("--set", "watchNamespaces={team-a,team-b}")
+    _, container = _operator_container(objects)
+    assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in container["args"]
+    # Cluster scope keeps only the read-only CRD discovery kopf needs.
+    assert _rules(one(objects, "ClusterRole")) == CRD_DISCOVERY
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert _rules(role) == NAMESPACED_RULES
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}]
+
+
+def test_rbac_off_renders_no_rbac(render_chart):
+    objects = render_chart("--set", "rbac.create=false", "--set", "watchNamespaces={a}")
+    assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & {o["kind"] for o in objects}
+    assert one(objects, "ServiceAccount")
+
+
+def test_existing_service_account(render_chart, helm):
+    objects = render_chart("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=mine")
+    assert not by_kind(objects, "ServiceAccount")
+    deployment, _ = _operator_container(objects)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
+    assert one(objects, "ClusterRoleBinding")["subjects"][0]["name"] == "mine"
+    failed = run_helm(helm, "template", "x", str(CHART), "--set", "serviceAccount.create=false", check=False)
+    assert failed.returncode != 0 and "serviceAccount.name is required" in failed.stderr
+
+
+def test_metrics_service_selects_the_operator_pod(render_chart):
+    objects = render_chart()
+    service = one(objects, "Service")
+    deployment, _ = _operator_container(objects)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    assert not by_kind(objects, "ServiceMonitor")  # off by default
+
+
+def test_metrics_off(render_chart):
+    objects = render_chart("--set", "metrics.enabled=false")
+    assert not by_kind(objects, "Service")
+    _, container = _operator_container(objects)
+    assert not any(a.startswith("--metrics-port") for a in container["args"])
+    assert [p["name"] for p in container["ports"]] == ["liveness"]
+
+
+def test_service_monitor_on(render_chart):
+    objects = render_chart("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom")
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    service = one(objects, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["colocgrpo-system"]}
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_service_monitor_without_metrics_fails_clearly(helm):
+    result = run_helm(
+        helm, "template", "x", str(CHART),
+        "--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true", check=False,
+    )
+    assert result.returncode != 0
+    assert "metrics.serviceMonitor.enabled needs metrics.enabled" in result.stderr
+
+
+def test_crd_is_installed_from_crds_dir_and_can_be_skipped(render_chart):
+    with_crds = render_chart("--include-crds")
+    (crd,) = by_kind(with_crds, "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "colocgrpojobs.colocgrpo.io"
+    assert crd["spec"]["names"]["shortNames"] == ["cgj"]
+    assert not by_kind(render_chart("--skip-crds"), "CustomResourceDefinition")
+    assert not by_kind(render_chart(), "CustomResourceDefinition")  # templates never carry the CRD
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("imagee.tag=1", "additional properties 'imagee' not allowed"),
+        ("image.pulPolicy=Always", "additional properties 'pulPolicy' not allowed"),
+        ("metrics.serviceMonitor.enable=true", "additional properties 'enable' not allowed"),
+        ("rbac.enabled=false", "additional properties 'enabled' not allowed"),
+        ("logLevel=verbose", "logLevel"),
+        ("watchNamespaces={Team_A}", "watchNamespaces"),
+        ("livenessProbe.port=0", "livenessProbe"),
+    ],
+)
+def test_schema_rejects_typos_and_bad_values(helm, value, complaint):
+    result = run_helm(helm, "template", "x", str(CHART), "--set", value, check=False)
+    assert result.returncode != 0, f"--set {value} was accepted"
+    assert complaint in result.stderr, result.stderr
+
+
+def test_notes_tell_how_to_submit_and_watch(helm):
+    result = run_helm(helm, "install", "cgo", str(CHART), "--dry-run=client", "--namespace", "ops")
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kubectl -n default apply -f" in notes
+    assert "get cgj -w" in notes
+    assert "wait --for=condition=Succeeded cgj/NAME" in notes
+    assert "kubectl apply --server-side -f charts/colocgrpo-operator/crds/" in notes
