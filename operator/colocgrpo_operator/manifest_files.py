@@ -31,3 +31,20 @@ def load_documents(path: str) -> list[Any]:
     if not documents:
         raise ManifestError(f"{path}: no YAML documents")
     return documents
+
+
+class _ReadableDumper(yaml.SafeDumper):
+    """Multi-line strings (embedded config files, system prompts) as literal blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_ReadableDumper.add_representer(str, _represent_str)
+
+
+def dump_documents(objects: list[Any]) -> str:
+    return yaml.dump_all(objects, Dumper=_ReadableDumper, sort_keys=False, width=120, allow_unicode=True)

@@ -29,7 +29,8 @@ DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Where the trainer finds its files inside every pod.
 CONFIG_MOUNT_DIR = "/etc/colocgrpo"
-REWARD_MODULES_DIR = "/etc/colocgrpo/rewards"
+# Not under CONFIG_MOUNT_DIR: a ConfigMap volume is read-only, so nothing can be mounted inside it.
+REWARD_MODULES_DIR = "/etc/colocgrpo-rewards"
 GRPO_CONFIG_KEY = "grpo.yaml"
 ACCELERATE_CONFIG_KEY = "accelerate.yaml"
 DEEPSPEED_CONFIG_KEY = "deepspeed.json"

@@ -39,6 +39,9 @@ OWNED_KEYS: dict[str, str] = {
     "local_rank": "spec.resources (the launcher assigns ranks)",
     "hub_token": "spec.secrets.huggingFaceToken (a token never goes into a ConfigMap)",
     "reward_weights": "spec.rewards[].weight",
+    # Mixed precision follows the model dtype (bfloat16 -> bf16, float16 -> fp16).
+    "bf16": "spec.model.dtype",
+    "fp16": "spec.model.dtype",
 }
 
 # model_init_kwargs is allowed, but not these keys inside it.

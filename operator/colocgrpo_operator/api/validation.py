@@ -146,6 +146,7 @@ def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
                 )
             )
     problems.extend(trainer_args_problems(spec.trainer_args))
+    vllm = spec.vllm
     max_completion = spec.trainer_args.get("max_completion_length")
     if (
         vllm.max_model_len is not None

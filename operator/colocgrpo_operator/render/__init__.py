@@ -1,0 +1,63 @@
+"""Pure renderer: a ColocGRPOJob in, the Kubernetes objects the operator creates out.
+
+    from colocgrpo_operator.render import render_children, render_trainer_config
+
+No cluster access and no owner references here (the operator adopts the children).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from colocgrpo_operator.api.model import ColocGRPOJob
+from colocgrpo_operator.render.launch_config import (
+    accelerate_config,
+    deepspeed_config,
+    render_accelerate_yaml,
+    render_deepspeed_json,
+)
+from colocgrpo_operator.render.rbac import render_role, render_role_binding, render_service_account
+from colocgrpo_operator.render.trainer_config import render_trainer_config
+from colocgrpo_operator.render.workload import (
+    DEFAULT_TRAINER_IMAGE,
+    child_labels,
+    render_batch_job,
+    render_config_map,
+    render_service,
+)
+
+
+def trainer_image(job: ColocGRPOJob, default_image: str | None = None) -> str:
+    """spec.image, else the operator's --trainer-image, else colocgrpo/trainer:<version>."""
+    return job.spec.image or default_image or DEFAULT_TRAINER_IMAGE
+
+
+def render_children(job: ColocGRPOJob, *, default_image: str | None = None) -> list[dict[str, Any]]:
+    """Every child object, in a safe creation order (RBAC and config before the pods that use them)."""
+    return [
+        render_service_account(job),
+        render_role(job),
+        render_role_binding(job),
+        render_config_map(job),
+        render_service(job),
+        render_batch_job(job, trainer_image(job, default_image)),
+    ]
+
+
+__all__ = [
+    "DEFAULT_TRAINER_IMAGE",
+    "accelerate_config",
+    "child_labels",
+    "deepspeed_config",
+    "render_accelerate_yaml",
+    "render_batch_job",
+    "render_children",
+    "render_config_map",
+    "render_deepspeed_json",
+    "render_role",
+    "render_role_binding",
+    "render_service",
+    "render_service_account",
+    "render_trainer_config",
+    "trainer_image",
+]

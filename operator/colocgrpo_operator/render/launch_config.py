@@ -1,0 +1,89 @@
+"""accelerate.yaml and deepspeed.json for a job's ConfigMap.
+
+The DeepSpeed file leaves batch sizes, accumulation, clipping and precision as "auto"
+so transformers fills them from GRPOConfig: one source for each number, no drift
+between the two files. accelerate is told only the topology.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from colocgrpo_operator.api.model import ColocGRPOJob
+from colocgrpo_operator.api.naming import CONFIG_MOUNT_DIR, DEEPSPEED_CONFIG_KEY, RENDEZVOUS_PORT, rank0_address
+
+
+def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
+    deepspeed = job.spec.deepspeed
+    zero: dict[str, Any] = {
+        "stage": deepspeed.zero_stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+        "offload_optimizer": {"device": deepspeed.offload_optimizer, "pin_memory": True},
+    }
+    if deepspeed.zero_stage == 3:
+        zero.update(
+            {
+                "offload_param": {"device": deepspeed.offload_params, "pin_memory": True},
+                "stage3_prefetch_bucket_size": "auto",
+                "stage3_param_persistence_threshold": "auto",
+                "stage3_max_live_parameters": 1_000_000_000,
+                "stage3_max_reuse_distance": 1_000_000_000,
+                # Needed to save the final model as a Hugging Face checkpoint from ZeRO-3 shards.
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
+    return {
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_optimization": zero,
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "steps_per_print": 1_000_000,  # TRL logs; DeepSpeed's own step prints are noise
+        "wall_clock_breakdown": False,
+    }
+
+
+def render_deepspeed_json(job: ColocGRPOJob) -> str:
+    return json.dumps(deepspeed_config(job), indent=2) + "\n"
+
+
+def accelerate_config(job: ColocGRPOJob) -> dict[str, Any]:
+    resources = job.spec.resources
+    common: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "main_training_function": "main",
+        "num_machines": resources.nodes,
+        "num_processes": job.world_size,
+        # Overridden per pod on the command line from the completion index.
+        "machine_rank": 0,
+        "main_process_ip": rank0_address(job.name),
+        "main_process_port": RENDEZVOUS_PORT,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+    }
+    if job.is_cpu_job:
+        return {**common, "distributed_type": "MULTI_CPU" if resources.nodes > 1 else "NO", "use_cpu": True}
+    return {
+        **common,
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {
+            "deepspeed_config_file": f"{CONFIG_MOUNT_DIR}/{DEEPSPEED_CONFIG_KEY}",
+            "deepspeed_multinode_launcher": "standard",
+        },
+        "use_cpu": False,
+    }
+
+
+def render_accelerate_yaml(job: ColocGRPOJob) -> str:
+    return yaml.safe_dump(accelerate_config(job), sort_keys=False)

@@ -1,0 +1,264 @@
+"""The gang: ConfigMap with the trainer's files, headless Service, Indexed batch/v1 Job.
+
+Pure functions: a validated ColocGRPOJob in, Kubernetes object dicts out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from colocgrpo_operator import __version__
+from colocgrpo_operator.api.model import ColocGRPOJob
+from colocgrpo_operator.api.naming import (
+    ACCELERATE_CONFIG_KEY,
+    CONFIG_MOUNT_DIR,
+    DEEPSPEED_CONFIG_KEY,
+    GRPO_CONFIG_KEY,
+    JOB_NAME_LABEL,
+    KUEUE_QUEUE_LABEL,
+    RENDEZVOUS_PORT,
+    REWARD_MODULES_DIR,
+    batch_job_name,
+    config_map_name,
+    rank0_address,
+    service_name,
+    trainer_account_name,
+)
+from colocgrpo_operator.render.launch_config import render_accelerate_yaml, render_deepspeed_json
+from colocgrpo_operator.render.trainer_config import render_trainer_config
+
+DEFAULT_TRAINER_IMAGE = f"colocgrpo/trainer:{__version__}"
+TRAINER_CONTAINER = "trainer"
+TERMINATION_LOG = "/dev/termination-log"
+GPU_RESOURCE = "nvidia.com/gpu"
+# The Job controller puts the completion index in this pod annotation (and env JOB_COMPLETION_INDEX).
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# ZeRO-3 gathers and writes a full checkpoint on SIGTERM (suspend, preemption); give it time.
+TERMINATION_GRACE_SECONDS = 300
+
+
+def child_labels(job: ColocGRPOJob) -> dict[str, str]:
+    """Labels on every child object and pod."""
+    return {
+        JOB_NAME_LABEL: job.name,
+        "app.kubernetes.io/name": "colocgrpo-trainer",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/managed-by": "colocgrpo-operator",
+    }
+
+
+def object_meta(job: ColocGRPOJob, name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": job.namespace, "labels": child_labels(job), **extra}
+
+
+def render_config_map(job: ColocGRPOJob) -> dict[str, Any]:
+    # Exactly these three keys; secrets never go here (they are env secretKeyRefs).
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(job, config_map_name(job.name)),
+        "data": {
+            GRPO_CONFIG_KEY: render_trainer_config(job).to_yaml(),
+            ACCELERATE_CONFIG_KEY: render_accelerate_yaml(job),
+            DEEPSPEED_CONFIG_KEY: render_deepspeed_json(job),
+        },
+    }
+
+
+def render_service(job: ColocGRPOJob) -> dict[str, Any]:
+    """Headless Service: gives pod `<job>-<index>` the DNS name `<job>-<index>.<job>` for rendezvous."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(job, service_name(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            # Rank 0 must be resolvable before it is Ready (it is never "ready" in a serving sense).
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_NAME_LABEL: job.name},
+            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def trainer_command(job: ColocGRPOJob) -> list[str]:
+    if job.spec.command:
+        return list(job.spec.command)
+    config = f"{CONFIG_MOUNT_DIR}/{GRPO_CONFIG_KEY}"
+    if job.is_cpu_job and job.spec.resources.nodes == 1:
+        return ["python", "-m", "colocgrpo_training", "--config", config]
+    # $(MACHINE_RANK) is expanded by the kubelet from the container's env.
+    return [
+        "accelerate",
+        "launch",
+        "--config_file",
+        f"{CONFIG_MOUNT_DIR}/{ACCELERATE_CONFIG_KEY}",
+        "--machine_rank",
+        "$(MACHINE_RANK)",
+        "-m",
+        "colocgrpo_training",
+        "--config",
+        config,
+    ]
+
+
+def trainer_env(job: ColocGRPOJob) -> list[dict[str, Any]]:
+    spec = job.spec
+    gpus = spec.resources.gpus_per_node
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # Rendezvous: rank 0's stable DNS name through the headless Service.
+        {"name": "MASTER_ADDR", "value": rank0_address(job.name)},
+        {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
+        {
+            "name": "MACHINE_RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
+        },
+        {"name": "NUM_MACHINES", "value": str(spec.resources.nodes)},
+        {"name": "NUM_PROCESSES", "value": str(job.world_size)},
+        {"name": "GPUS_PER_NODE", "value": str(gpus)},
+        # A collective that hangs (a dead peer) must fail the pod, not hang the gang forever:
+        # async error handling tears the process down when the watchdog times out.
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "value": "1800"},
+        {"name": "NCCL_DEBUG", "value": "WARN"},
+        {"name": "HF_HOME", "value": f"{spec.cache.path}/huggingface"},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        {"name": "COLOCGRPO_TERMINATION_LOG", "value": TERMINATION_LOG},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if spec.cache.offline:
+        env += [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HF_DATASETS_OFFLINE", "value": "1"}]
+    if spec.reward_modules:
+        env.append({"name": "PYTHONPATH", "value": REWARD_MODULES_DIR})
+    token = spec.secrets.hugging_face_token
+    if token:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
+    # User additions come last so they can override ours (the kubelet uses the last duplicate).
+    env += [item.model_dump(by_alias=True, exclude_none=True) for item in spec.pod_template.env]
+    return env
+
+
+def _resources(job: ColocGRPOJob) -> dict[str, Any]:
+    resources = job.spec.resources
+    amounts: dict[str, Any] = {}
+    if resources.cpu is not None:
+        amounts["cpu"] = resources.cpu
+    if resources.memory is not None:
+        amounts["memory"] = resources.memory
+    amounts.update(resources.extra)
+    if resources.gpus_per_node > 0:
+        amounts[GPU_RESOURCE] = resources.gpus_per_node
+    # Requests equal limits: a training gang wants guaranteed, not burstable, resources.
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _volumes_and_mounts(job: ColocGRPOJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    spec = job.spec
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shared_memory is not None:
+        shm["sizeLimit"] = spec.resources.shared_memory
+
+    def claim_or_scratch(claim: str | None) -> dict[str, Any]:
+        return {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+
+    volumes = [
+        {"name": "config", "configMap": {"name": config_map_name(job.name)}},
+        {"name": "dshm", "emptyDir": shm},
+        {"name": "checkpoints", **claim_or_scratch(spec.checkpoint.claim_name)},
+        {"name": "cache", **claim_or_scratch(spec.cache.claim_name)},
+    ]
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "checkpoints", "mountPath": spec.checkpoint.path},
+        {"name": "cache", "mountPath": spec.cache.path},
+    ]
+    if spec.reward_modules:
+        volumes.append({"name": "reward-modules", "configMap": {"name": spec.reward_modules.config_map_name}})
+        mounts.append({"name": "reward-modules", "mountPath": REWARD_MODULES_DIR, "readOnly": True})
+    volumes += [v.model_dump(by_alias=True, exclude_none=True) for v in spec.pod_template.volumes]
+    mounts += [m.model_dump(by_alias=True, exclude_none=True) for m in spec.pod_template.volume_mounts]
+    return volumes, mounts
+
+
+def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
+    spec = job.spec
+    volumes, mounts = _volumes_and_mounts(job)
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER,
+        "image": image,
+        "command": trainer_command(job),
+        "env": trainer_env(job),
+        "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+        "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        # The trainer writes a JSON reason there; if it died too hard to write it, the log tail explains.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    resources = _resources(job)
+    if resources:
+        container["resources"] = resources
+
+    pod_spec: dict[str, Any] = {
+        # The operator restarts the whole gang; a single pod must never be restarted in place.
+        "restartPolicy": "Never",
+        # With the headless Service of the same name, pod <job>-<i> resolves as <job>-<i>.<job>.
+        "subdomain": service_name(job.name),
+        "serviceAccountName": trainer_account_name(job.name),
+        # The trainer's rank 0 patches status.progress with this account's token.
+        "automountServiceAccountToken": True,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    scheduling = spec.scheduling
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        pod_spec["tolerations"] = list(scheduling.tolerations)
+    if scheduling.affinity:
+        pod_spec["affinity"] = scheduling.affinity
+    if scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
+    if spec.pod_template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.pod_template.image_pull_secrets]
+
+    # User labels first so ours (which the Service selects on) always win.
+    metadata: dict[str, Any] = {"labels": {**spec.pod_template.labels, **child_labels(job)}}
+    if spec.pod_template.annotations:
+        metadata["annotations"] = dict(spec.pod_template.annotations)
+    return {"metadata": metadata, "spec": pod_spec}
+
+
+def render_batch_job(job: ColocGRPOJob, image: str) -> dict[str, Any]:
+    spec = job.spec
+    nodes = spec.resources.nodes
+    labels = child_labels(job)
+    queue = spec.scheduling.queue_name
+    if queue:
+        labels[KUEUE_QUEUE_LABEL] = queue
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": nodes,
+        "parallelism": nodes,
+        # One failed pod fails the Job at once; the operator then recreates the whole gang
+        # (a lone replacement pod could never rejoin the NCCL world of the others).
+        "backoffLimit": 0,
+        # Do not start a replacement before the old pod is gone: it would hold the GPUs twice.
+        "podReplacementPolicy": "Failed",
+        # Kueue admits a queued Job by unsuspending it; otherwise suspend follows the spec.
+        "suspend": bool(spec.run_policy.suspend or queue),
+        "template": render_pod_template(job, image),
+    }
+    if spec.run_policy.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": object_meta(job, batch_job_name(job.name), labels=labels),
+        "spec": job_spec,
+    }
