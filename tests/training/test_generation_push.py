@@ -1,0 +1,134 @@
+"""Bucketed weight push and the import boundary, with real torch / TRL (trainer venv).
+
+vLLM itself only runs on a GPU (tests/gpu/); here the receiving side is a second real
+torch model whose `load_weights` copies by name, as vLLM's model classes do.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+pytestmark = pytest.mark.trainer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def test_package_import_pulls_in_neither_torch_nor_vllm():
+    code = (
+        "import sys, colocgrpo_training.generation as g;"
+        "assert g.SleepController;"
+        "bad = [m for m in ('torch', 'vllm', 'trl', 'transformers') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_trainer_class_imports_without_vllm():
+    import importlib.util
+
+    from colocgrpo_training.generation import ColocatedVLLM, ColocGRPOTrainer
+    from trl import GRPOTrainer
+
+    assert issubclass(ColocGRPOTrainer, GRPOTrainer)
+    assert ColocatedVLLM.__mro__[1].__name__ == "VLLMGeneration"
+    if importlib.util.find_spec("vllm") is None:
+        assert "vllm" not in sys.modules
+
+
+def tiny_llama(seed: int):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+class LoadWeightsReceiver:
+    """Stands in for vLLM's model: `load_weights(iterable of (name, tensor))` copies by name."""
+
+    def __init__(self, target):
+        self.params = dict(target.named_parameters())
+        self.calls: list[list[str]] = []
+        self.bytes_per_call: list[int] = []
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.calls.append([n for n, _ in weights])
+        self.bytes_per_call.append(sum(t.numel() * t.element_size() for _, t in weights))
+        for name, tensor in weights:
+            with torch.no_grad():
+                self.params[name].copy_(tensor)
+
+
+def make_engine(source, receiver, bucket_bytes):
+    from accelerate import Accelerator
+
+    from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+    from trl.distributed import DistributedBackend
+
+    # The engine without its vLLM build (GPU only): just the push machinery.
+    engine = ColocatedVLLM.__new__(ColocatedVLLM)
+    engine.model = source
+    engine.accelerator = Accelerator(cpu=True)
+    engine._dist = DistributedBackend(engine.accelerator)
+    engine.bucket_bytes = bucket_bytes
+    resets = []
+    engine.llm = types.SimpleNamespace(
+        reset_prefix_cache=lambda: resets.append(1),
+        llm_engine=types.SimpleNamespace(
+            model_executor=types.SimpleNamespace(
+                driver_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=receiver))
+            )
+        ),
+    )
+    return engine, resets
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 10_000, 40_000, 10**9])
+def test_bucketed_push_copies_every_parameter_once_within_budget(bucket_bytes):
+    source, target = tiny_llama(1), tiny_llama(2)
+    assert not torch.equal(source.model.layers[0].mlp.up_proj.weight, target.model.layers[0].mlp.up_proj.weight)
+    receiver = LoadWeightsReceiver(target)
+    engine, resets = make_engine(source, receiver, bucket_bytes)
+
+    pushed = engine.push_weights()
+
+    names = [n for n, _ in source.named_parameters()]  # tied lm_head appears once
+    assert [n for call in receiver.calls for n in call] == names
+    for call, nbytes in zip(receiver.calls, receiver.bytes_per_call):
+        assert nbytes <= bucket_bytes or len(call) == 1
+    assert pushed == sum(p.numel() * p.element_size() for p in source.parameters())
+    for (name, a), b in zip(source.named_parameters(), target.parameters()):
+        assert torch.equal(a, b), name
+    assert resets == [1]  # prefix cache reset after the push
+    if bucket_bytes == 10**9:
+        assert len(receiver.calls) == 1
+    if bucket_bytes == 1:
+        assert len(receiver.calls) == len(names)
+
+
+def test_push_after_an_optimizer_step_carries_the_new_weights():
+    source, target = tiny_llama(1), tiny_llama(2)
+    receiver = LoadWeightsReceiver(target)
+    engine, _ = make_engine(source, receiver, 40_000)
+    engine.push_weights()
+    before = target.lm_head.weight.detach().clone()
+    opt = torch.optim.SGD(source.parameters(), lr=1.0)
+    loss = source(input_ids=torch.tensor([[1, 2, 3, 4]]), labels=torch.tensor([[1, 2, 3, 4]])).loss
+    loss.backward()
+    opt.step()
+    engine.push_weights()
+    assert not torch.equal(before, target.lm_head.weight)
+    assert torch.equal(source.lm_head.weight, target.lm_head.weight)

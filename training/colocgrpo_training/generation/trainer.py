@@ -1,0 +1,134 @@
+"""`ColocGRPOTrainer`: TRL 1.16's GRPOTrainer with colocated generation routed through
+`ColocatedVLLM` and its sleep-policy controller.
+
+TRL internals this relies on (why the package pins trl>=1.16,<1.17), kept to a minimum:
+1. `trl.trainer.grpo_trainer.VLLMGeneration` — the module-level name GRPOTrainer.__init__
+   instantiates; swapped for a `ColocatedVLLM` factory for the duration of
+   `super().__init__` only, so TRL builds our engine with its usual keyword arguments.
+2. `self.vllm_generation` with TRL's `sync_weights()` / `generate(...)` call pattern in
+   `_generate_single_turn` (sync when `state.global_step` changed, then generate).
+3. `_prepare_inputs` and its micro-step counter `self._step`, to predict, before each
+   generate, whether an optimizer step comes before the next one (auto's hint).
+Everything else (rewards, advantages, loss, logging, checkpoints) is TRL's, untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import trl.trainer.grpo_trainer as grpo_module
+from trl import GRPOTrainer
+
+from colocgrpo_training.config import VLLMSettings
+from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES
+from colocgrpo_training.generation.schedules import predict_next_generate
+from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+
+log = logging.getLogger("colocgrpo.generation")
+
+
+@contextlib.contextmanager
+def _vllm_generation_class(factory: Any) -> Iterator[None]:
+    original = grpo_module.VLLMGeneration
+    grpo_module.VLLMGeneration = factory
+    try:
+        yield
+    finally:
+        grpo_module.VLLMGeneration = original
+
+
+class ColocGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer + `generation_settings: VLLMSettings` (colocated vLLM under a sleep policy).
+
+    With `generation_settings.enabled` False it is TRL's GRPOTrainer generating with
+    transformers (the CPU path). `args` keeps every TRL option; the vLLM options that
+    VLLMSettings owns are set from it (use_vllm, vllm_mode="colocate", TP size, memory
+    utilization, max model length) and TRL's own sleep mode is kept off.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        generation_settings: VLLMSettings,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        **kwargs: Any,
+    ) -> None:
+        self.generation_settings = generation_settings
+        grpo_args = kwargs.get("args")
+        if grpo_args is None and len(args) > 2:
+            grpo_args = args[2]
+        if grpo_args is None:
+            raise ValueError("ColocGRPOTrainer needs an explicit GRPOConfig as `args`")
+        if kwargs.get("rollout_func") is not None and generation_settings.enabled:
+            raise ValueError(
+                "rollout_func is not supported with colocated vLLM: it may drive the engine around the "
+                "sleep-policy controller (vllm.enabled must be false to use it)"
+            )
+        grpo_args.use_vllm = generation_settings.enabled
+        if not generation_settings.enabled:
+            super().__init__(*args, **kwargs)
+            return
+        grpo_args.vllm_mode = "colocate"
+        grpo_args.vllm_tensor_parallel_size = generation_settings.tensor_parallel_size
+        grpo_args.vllm_gpu_memory_utilization = generation_settings.gpu_memory_utilization
+        grpo_args.vllm_max_model_length = generation_settings.max_model_len
+        grpo_args.vllm_enable_sleep_mode = False  # the controller owns sleeping
+        factory = functools.partial(
+            ColocatedVLLM, settings=generation_settings, seed=grpo_args.seed, bucket_bytes=bucket_bytes
+        )
+        with _vllm_generation_class(factory):
+            super().__init__(*args, **kwargs)
+        engine = self.vllm_generation
+        engine.weight_version = lambda: self.state.global_step
+        engine.deepspeed_engine = self._deepspeed_engine
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _deepspeed_engine(self) -> Any:
+        if not self.is_deepspeed_enabled:
+            return None
+        return getattr(self, "deepspeed", None) or getattr(self, "model_wrapped", None)
+
+    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
+        engine = getattr(self, "vllm_generation", None)
+        if isinstance(engine, ColocatedVLLM):
+            mode = "train" if self.model.training else "eval"
+            engine.next_generate = predict_next_generate(
+                micro_step=self._step,
+                global_step=self.state.global_step,
+                max_steps=self.state.max_steps or self.args.max_steps,
+                gradient_accumulation_steps=self.args.gradient_accumulation_steps,
+                steps_per_generation=self.args.steps_per_generation,
+                num_iterations=self.num_iterations,
+                mode=mode,
+            )
+        return super()._prepare_inputs(generation_batch)
+
+    def _load_from_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        result = super()._load_from_checkpoint(*args, **kwargs)
+        self._invalidate_engine("trainer loaded a checkpoint")
+        return result
+
+    def _load_best_model(self, *args: Any, **kwargs: Any) -> Any:
+        result = super()._load_best_model(*args, **kwargs)
+        self._invalidate_engine("trainer loaded its best checkpoint")
+        return result
+
+    def _invalidate_engine(self, why: str) -> None:
+        engine = getattr(self, "vllm_generation", None)
+        if isinstance(engine, ColocatedVLLM):
+            engine.controller.invalidate(why)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        engine = getattr(self, "vllm_generation", None)
+        if isinstance(engine, ColocatedVLLM):
+            logs = {**logs, **engine.metrics()}
+        super().log(logs, *args, **kwargs)
+
+    def generation_metrics(self) -> dict[str, float]:
+        """Counters for the benchmark: pushes, bytes pushed, wake/sleep/push/generate seconds."""
+        engine = getattr(self, "vllm_generation", None)
+        return engine.metrics() if isinstance(engine, ColocatedVLLM) else {}

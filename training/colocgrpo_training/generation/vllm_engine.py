@@ -1,0 +1,337 @@
+"""`ColocatedVLLM`: the colocated vLLM engine's whole life — build, bucketed weight push,
+sleep/wake per the sleep policy, TP-group generation, optional trainer-state offload.
+
+Built on TRL 1.16's `VLLMGeneration` (colocate mode only) and overrides three of its
+methods: `_init_vllm` (our engine settings, TP groups from `tp_groups`, the policy
+controller), `sync_weights` (TRL calls it when the global step changes; here it only
+notes that the trainer moved on: pushing is the controller's decision at the next
+generate) and `generate` (controller-driven wake/push/sleep, per-request seeds within a
+TP group). TRL's own sleep handling stays disabled (`enable_sleep_mode=False` towards the
+parent class) so that there is one owner of the engine's state.
+
+torch and TRL are imported with this module; vLLM only when an engine is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Hashable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from trl.generation.vllm_generation import VLLMGeneration, empty_cache, extract_logprobs
+from trl.trainer.utils import ensure_master_addr_port
+
+from colocgrpo_training.config import SleepPolicy, VLLMSettings
+from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES, plan_buckets
+from colocgrpo_training.generation.policy import CostModel, EngineState, SleepController
+from colocgrpo_training.generation.schedules import NextGenerate
+from colocgrpo_training.generation.tp_groups import (
+    engine_seed,
+    flatten_group,
+    form_tp_groups,
+    placement,
+    request_seeds,
+    slice_back,
+)
+
+log = logging.getLogger("colocgrpo.generation")
+
+
+def full_nbytes(param: torch.Tensor) -> int:
+    """Bytes of the full (un-partitioned) parameter: ZeRO-3 partitions carry `ds_numel`."""
+    numel = getattr(param, "ds_numel", None)
+    if numel is None:
+        numel = param.numel()
+    return int(numel) * param.element_size()
+
+
+class ColocatedVLLM(VLLMGeneration):
+    """vLLM in the training process, under a sleep policy that never generates from stale
+    weights. Construct it directly (tests, benchmarks) or through `ColocGRPOTrainer`.
+
+    Hooks the owner sets after construction:
+    - `weight_version()`: the trainer's current weight version (its optimizer-step count);
+    - `deepspeed_engine()`: the DeepSpeed engine whose state may be offloaded, or None;
+    - `next_generate`: the owner's prediction for the cycle after the coming generate.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        accelerator: Any,
+        processing_class: Any,
+        *,
+        settings: VLLMSettings,
+        seed: int = 0,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        gpus_per_node: int | None = None,
+        engine_holds_trainer_weights: bool = False,
+        **trl_kwargs: Any,
+    ) -> None:
+        self.settings = settings
+        self.sleep_policy = SleepPolicy(settings.sleep_policy)
+        self.seed = seed
+        self.bucket_bytes = bucket_bytes
+        self.gpus_per_node = gpus_per_node or _env_int("LOCAL_WORLD_SIZE")
+        self._engine_holds_trainer_weights = engine_holds_trainer_weights
+        self.weight_version: Callable[[], Hashable] = lambda: 0
+        self.deepspeed_engine: Callable[[], Any] = lambda: None
+        self.next_generate: NextGenerate | None = None
+        self._generation_index = 0
+        self._trainer_state_offloaded = False
+        self.offload_seconds = 0.0
+        self.generate_seconds = 0.0
+        trl_kwargs.update(
+            mode="colocate",
+            tensor_parallel_size=settings.tensor_parallel_size,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_model_length=settings.max_model_len,
+            # TRL's own sleep code paths stay off: the controller owns sleeping.
+            enable_sleep_mode=False,
+        )
+        if settings.max_num_seqs is not None:
+            trl_kwargs["max_num_seqs"] = settings.max_num_seqs
+        super().__init__(model, accelerator, processing_class, **trl_kwargs)
+
+    # -- build ---------------------------------------------------------------------------
+    def _init_vllm(self) -> None:
+        from vllm import LLM  # lazy: only GPU machines have vLLM
+
+        acc = self.accelerator
+        tp = self.tensor_parallel_size
+        world = acc.num_processes
+        groups = form_tp_groups(world, tp, self.gpus_per_node or world)
+        self.tp_placement = placement(acc.process_index, world, tp, self.gpus_per_node or world)
+        self.tp_group = None
+        if tp > 1:
+            self.tp_group, _ = torch.distributed.new_subgroups_by_enumeration(groups)
+        # external_launcher: vLLM runs in this process and reads the launcher's variables.
+        os.environ["RANK"] = str(acc.process_index)
+        os.environ["LOCAL_RANK"] = str(acc.local_process_index)
+        os.environ["WORLD_SIZE"] = str(world)
+        ensure_master_addr_port()
+
+        start = time.perf_counter()
+        self.llm = LLM(
+            model=self.model.name_or_path,
+            tensor_parallel_size=tp,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_length,
+            max_num_seqs=self.max_num_seqs,
+            enable_sleep_mode=self.sleep_policy is not SleepPolicy.OFF,
+            enable_prefix_caching=self.settings.enable_prefix_caching,
+            model_impl=self.model_impl,
+            distributed_executor_backend="external_launcher",
+            # Building the engine reseeds the process: equal within a TP group.
+            seed=engine_seed(self.seed, acc.process_index, tp),
+            # As TRL: vLLM's profiler is misled by its large default.
+            max_num_batched_tokens=max(4096, self.max_model_length or 0),
+            # Log-probs after temperature/logit processing, for TRL's importance-sampling correction.
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=self.trust_remote_code,
+        )
+        log.info("vLLM engine built in %.1fs (policy %s, tp %d)", time.perf_counter() - start, self.sleep_policy.value, tp)
+
+        weight_bytes = sum(full_nbytes(p) for p in self.model.parameters())
+        self.controller = SleepController(
+            self.sleep_policy,
+            CostModel.from_weight_bytes(weight_bytes),
+            # The engine loaded the base checkpoint: the trainer's version only when the
+            # owner vouches for it (fresh model, no resume); otherwise unknown → push.
+            state=EngineState(held_version=self.weight_version() if self._engine_holds_trainer_weights else None),
+            agree=self._agree_max,
+        )
+        self.controller.initial_sleep(self)
+        acc.wait_for_everyone()
+
+    # -- EngineDriver protocol (called by the controller, in its order) --------------------
+    def wake_weights(self) -> None:
+        empty_cache()  # TRL: avoids OOM when re-mapping the weights
+        self.llm.wake_up(tags=["weights"])
+
+    def wake_kv_cache(self) -> None:
+        self._offload_trainer_state()
+        self.llm.wake_up(tags=["kv_cache"])
+        # The KV cache was discarded while asleep: no cached prefix may survive.
+        self.llm.reset_prefix_cache()
+
+    def sleep(self, level: int) -> None:
+        self.llm.sleep(level=level)
+        self._reload_trainer_state()
+
+    def push_weights(self) -> int:
+        """All trainer weights into vLLM, bucketed: one gather and one `load_weights` call
+        per bucket. Returns the bytes pushed. A collective under ZeRO-3: every rank calls it."""
+        if self._dist.is_fsdp or _is_peft(self.model):
+            nbytes = self._push_unbucketed()
+        else:
+            nbytes = self._push_bucketed()
+        # KV entries computed with the previous weights must not be reused.
+        self.llm.reset_prefix_cache()
+        return nbytes
+
+    def _push_bucketed(self) -> int:
+        named = [(self._fix_param_name_to_vllm(n), p) for n, p in self.model.named_parameters()]
+        sizes = [(n, full_nbytes(p)) for n, p in named]
+        vllm_model = self._vllm_model()
+        total = 0
+        for bucket in plan_buckets(sizes, self.bucket_bytes):
+            params = [named[i][1] for i in bucket]
+            with self._dist.gather_params(params):
+                vllm_model.load_weights([(named[i][0], named[i][1].data) for i in bucket])
+            total += sum(sizes[i][1] for i in bucket)
+        return total
+
+    def _push_unbucketed(self) -> int:
+        # TRL's iterator yields tensors valid only until the next item (gathered per
+        # parameter / per FSDP unit), so they cannot be held for a bucket.
+        vllm_model = self._vllm_model()
+        total = 0
+        for name, tensor in self._iter_named_params():
+            vllm_model.load_weights([(name, tensor)])
+            total += tensor.numel() * tensor.element_size()
+        return total
+
+    def _vllm_model(self) -> Any:
+        # In-process with external_launcher: the same path TRL 1.16 uses.
+        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+
+    # -- TRL's entry points --------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """TRL calls this when the global step changed; the push happens at the next
+        generate if and when the controller's record says the engine lacks the weights."""
+        log.debug("sync_weights: deferred to the next generate (policy %s)", self.sleep_policy.value)
+
+    def generate(self, prompts, images, num_generations, profiler=None):  # noqa: ANN001 - TRL's signature
+        from vllm import SamplingParams
+
+        version = self.weight_version()
+        self.controller.prepare(self, version)
+        self.controller.check_ready(version)
+
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            sizes = [None] * tp
+            torch.distributed.all_gather_object(sizes, len(prompts), group=self.tp_group)
+            gathered = [None] * tp
+            torch.distributed.all_gather_object(gathered, prompts, group=self.tp_group)
+            all_prompts = flatten_group(gathered)
+            local_images = images if images is not None else [None] * len(prompts)
+            gathered_images = [None] * tp
+            torch.distributed.all_gather_object(gathered_images, local_images, group=self.tp_group)
+            all_images = flatten_group(gathered_images)
+            if all(img is None for img in all_images):
+                all_images = None
+        else:
+            sizes, all_prompts, all_images = [len(prompts)], prompts, images
+
+        base = {
+            "n": 1,
+            "repetition_penalty": self.repetition_penalty,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": 0.0 if self.min_p is None else self.min_p,
+            "max_tokens": self.max_completion_length,
+            "logprobs": self.logprobs,
+        }
+        base.update(self.generation_kwargs)
+        if tp > 1:
+            # Ranks of a group must sample identically; the process RNG differs per rank
+            # (the trainer seeds per device), so every request carries the group's seed.
+            seeds = request_seeds(self.seed, self.tp_placement.group_index, self._generation_index, len(all_prompts))
+            sampling = [SamplingParams(**{**base, "seed": s}) for s in seeds]
+        else:
+            sampling = SamplingParams(**base)
+        self._generation_index += 1
+
+        if all_images is not None:
+            vllm_prompts = []
+            for ids, imgs in zip(all_prompts, all_images, strict=True):
+                row: dict[str, Any] = {"prompt_token_ids": ids}
+                if imgs is not None:
+                    row["multi_modal_data"] = {"image": imgs if len(imgs) > 1 else imgs[0]}
+                vllm_prompts.append(row)
+        else:
+            vllm_prompts = [{"prompt_token_ids": ids} for ids in all_prompts]
+
+        start = time.perf_counter()
+        with profiler or nullcontext():
+            outputs = self.llm.generate(vllm_prompts, sampling_params=sampling, use_tqdm=False)
+        self.generate_seconds += time.perf_counter() - start
+
+        prompt_ids = [o.prompt_token_ids for o in outputs]
+        completion_ids = [list(c.token_ids) for o in outputs for c in o.outputs]
+        logprobs, logprob_token_ids = extract_logprobs(outputs)
+        if tp > 1:
+            r = self.tp_placement.rank_in_group
+            prompt_ids = slice_back(prompt_ids, sizes, r)
+            completion_ids = slice_back(completion_ids, sizes, r)
+            logprobs = slice_back(logprobs, sizes, r) if logprobs is not None else None
+            logprob_token_ids = slice_back(logprob_token_ids, sizes, r) if logprob_token_ids is not None else None
+
+        nxt = self.next_generate or NextGenerate(push_due=False, final=False)
+        self.controller.finish(self, nxt.push_due, final=nxt.final)
+        return prompt_ids, completion_ids, logprobs, logprob_token_ids
+
+    # -- trainer-state offload -------------------------------------------------------------
+    def _offload_trainer_state(self) -> None:
+        if not self.settings.offload_trainer_state or self._trainer_state_offloaded:
+            return
+        engine = self.deepspeed_engine()
+        if engine is None or getattr(engine, "optimizer", None) is None or not hasattr(engine, "offload_states"):
+            return
+        start = time.perf_counter()
+        # All ZeRO-3 states (optimizer moments, fp32 master, bf16 partitions, gradient
+        # buffers) move to pinned CPU memory while vLLM holds the GPU; the push already ran.
+        engine.offload_states(pin_memory=True, non_blocking=False)
+        self._trainer_state_offloaded = True
+        seconds = time.perf_counter() - start
+        self.offload_seconds += seconds
+        log.info("trainer state offloaded to CPU in %.4fs", seconds)
+
+    def _reload_trainer_state(self) -> None:
+        if not self._trainer_state_offloaded:
+            return
+        engine = self.deepspeed_engine()
+        start = time.perf_counter()
+        engine.reload_states(non_blocking=False)
+        self._trainer_state_offloaded = False
+        seconds = time.perf_counter() - start
+        self.offload_seconds += seconds
+        log.info("trainer state reloaded to GPU in %.4fs", seconds)
+
+    # -- metrics ---------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        out = {f"generation/{k}": float(v) for k, v in self.controller.counters.as_dict().items()}
+        out["generation/generate_seconds"] = self.generate_seconds
+        out["generation/offload_seconds"] = self.offload_seconds
+        return out
+
+    def _agree_max(self, value: float) -> float:
+        """Every rank must take the same sleep decisions (pushes are collectives): decide
+        from the slowest rank's measurement."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return value
+        if torch.distributed.get_world_size() == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from accelerate.utils import is_peft_model
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(is_peft_model(model))
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else None
