@@ -256,7 +256,7 @@ def _named_object_schema(description: str, required: list[str]) -> Any:
             "type": "object",
             "description": description,
             "required": required,
-            "properties": {r: {"type": "string"} for r in required},
+            "properties": {r: {"type": "string", "maxLength": MAX_SHORT_STRING} for r in required},
             "x-kubernetes-preserve-unknown-fields": True,
         }
     )

@@ -1,0 +1,238 @@
+"""The ColocGRPOJob model: valid specs parse, invalid ones fail naming every bad field."""
+
+from __future__ import annotations
+
+import ast
+import copy
+from pathlib import Path
+
+import pytest
+
+from colocgrpo_operator.api import (
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    ColocGRPOJob,
+    JobSpecError,
+    parse_job,
+    spec_change_problems,
+)
+from colocgrpo_operator.api.validation import BUILTIN_REWARDS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def minimal_job(**spec_overrides) -> dict:
+    spec = {
+        "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+        "dataset": {"name": "open-r1/OpenR1-Math-220k"},
+        "rewards": [{"function": "accuracy"}],
+        "resources": {"nodes": 1, "gpusPerNode": 8},
+        "vllm": {"tensorParallelSize": 4},
+    }
+    spec.update(spec_overrides)
+    return {"apiVersion": "colocgrpo.io/v1alpha1", "kind": "ColocGRPOJob", "metadata": {"name": "demo"}, "spec": spec}
+
+
+def problems_of(obj: dict) -> dict[str, str]:
+    with pytest.raises(JobSpecError) as caught:
+        parse_job(obj)
+    return dict(caught.value.errors)
+
+
+def test_identity_constants():
+    assert (GROUP, VERSION, PLURAL, KIND) == ("colocgrpo.io", "v1alpha1", "colocgrpojobs", "ColocGRPOJob")
+
+
+def test_minimal_job_gets_documented_defaults():
+    job = parse_job(minimal_job())
+    assert isinstance(job, ColocGRPOJob)
+    assert job.name == "demo" and job.namespace == "default"
+    assert job.spec.vllm.tensor_parallel_size == 4
+    assert job.spec.vllm.gpu_memory_utilization == 0.3
+    assert job.spec.vllm.sleep_policy.value == "auto"
+    assert job.spec.deepspeed.zero_stage == 3
+    assert job.spec.checkpoint.resume == "auto"
+    assert job.spec.run_policy.suspend is False
+    assert job.world_size == 8
+
+
+def test_camel_case_on_the_wire_snake_case_in_python():
+    job = parse_job(minimal_job(runPolicy={"ttlSecondsAfterFinished": 60}))
+    assert job.spec.run_policy.ttl_seconds_after_finished == 60
+    wire = job.to_dict()
+    assert wire["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 60
+    assert wire["spec"]["vllm"]["tensorParallelSize"] == 4
+    assert parse_job(wire).to_dict() == wire  # round trip
+
+
+def test_tp_must_divide_gpus_per_node():
+    found = problems_of(minimal_job(vllm={"tensorParallelSize": 3}))
+    assert "spec.vllm.tensorParallelSize" in found
+    assert "divide" in found["spec.vllm.tensorParallelSize"]
+
+
+def test_tp_reported_even_when_other_fields_are_broken():
+    found = problems_of(minimal_job(vllm={"tensorParallelSize": 3}, dataset={"name": ""}))
+    assert {"spec.vllm.tensorParallelSize", "spec.dataset.name"} <= set(found)
+
+
+def test_cpu_job_needs_no_tp():
+    parse_job(minimal_job(resources={"gpusPerNode": 0}, vllm={}))
+    found = problems_of(minimal_job(resources={"gpusPerNode": 0}, vllm={"tensorParallelSize": 2}))
+    assert "spec.vllm.tensorParallelSize" in found
+
+
+@pytest.mark.parametrize("value", [0, 1, 1.5, -0.1])
+def test_gpu_memory_utilization_is_an_open_fraction(value):
+    found = problems_of(minimal_job(vllm={"tensorParallelSize": 4, "gpuMemoryUtilization": value}))
+    assert "spec.vllm.gpuMemoryUtilization" in found
+
+
+def test_nodes_at_least_one_and_no_maximum():
+    assert "spec.resources.nodes" in problems_of(minimal_job(resources={"nodes": 0, "gpusPerNode": 8}))
+    parse_job(minimal_job(resources={"nodes": 4096, "gpusPerNode": 64}))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Demo", "1job", "job-", "job_x", "a" * 53, ""],
+)
+def test_metadata_name_must_fit_every_child(name):
+    obj = minimal_job()
+    obj["metadata"]["name"] = name
+    assert "metadata.name" in problems_of(obj)
+
+
+def test_longest_allowed_name_is_accepted():
+    obj = minimal_job()
+    obj["metadata"]["name"] = "a" * 52
+    parse_job(obj)
+
+
+def test_every_problem_is_reported_with_its_path():
+    obj = minimal_job(
+        model={},
+        dataset={"name": "d", "bogus": 1},
+        rewards=[{"function": "accuracy", "weight": "heavy"}],
+        resources={"nodes": 1, "gpusPerNode": 8, "memory": "32Gx"},
+        checkpoint={"path": "relative/dir"},
+    )
+    obj["apiVersion"] = "colocgrpo.io/v2"
+    found = problems_of(obj)
+    assert set(found) >= {
+        "apiVersion",
+        "spec.model.name",
+        "spec.dataset.bogus",
+        "spec.rewards[0].weight",
+        "spec.resources.memory",
+        "spec.checkpoint.path",
+    }
+    assert found["spec.dataset.bogus"] == "unknown field"
+    assert "quantity" in found["spec.resources.memory"]
+    assert "absolute path" in found["spec.checkpoint.path"]
+
+
+def test_unknown_reward_is_named():
+    found = problems_of(minimal_job(rewards=[{"function": "accuracy"}, {"function": "no such reward"}]))
+    assert "spec.rewards[1].function" in found
+    parse_job(minimal_job(rewards=[{"function": "my_rewards.scoring:exact_match", "weight": 0.5}]))
+
+
+def test_trainer_args_unknown_key_gets_did_you_mean():
+    found = problems_of(minimal_job(trainerArgs={"learning_rat": 1e-5}))
+    assert "did you mean 'learning_rate'" in found["spec.trainerArgs.learning_rat"]
+
+
+@pytest.mark.parametrize(
+    "key, owner",
+    [
+        ("vllm_tensor_parallel_size", "spec.vllm.tensorParallelSize"),
+        ("vllm_gpu_memory_utilization", "spec.vllm.gpuMemoryUtilization"),
+        ("use_vllm", "spec.resources.gpusPerNode"),
+        ("vllm_mode", "spec.vllm"),
+        ("output_dir", "spec.checkpoint.path"),
+        ("save_steps", "spec.checkpoint.saveSteps"),
+        ("bf16", "spec.model.dtype"),
+        ("hub_token", "spec.secrets.huggingFaceToken"),
+    ],
+)
+def test_trainer_args_owned_key_names_its_owner(key, owner):
+    found = problems_of(minimal_job(trainerArgs={key: 1}))
+    assert owner in found[f"spec.trainerArgs.{key}"]
+
+
+def test_model_init_kwargs_dtype_is_owned():
+    found = problems_of(minimal_job(trainerArgs={"model_init_kwargs": {"dtype": "float16", "use_kernels": True}}))
+    assert "spec.model.dtype" in found["spec.trainerArgs.model_init_kwargs.dtype"]
+    parse_job(minimal_job(trainerArgs={"model_init_kwargs": {"use_kernels": True}}))
+
+
+def test_use_peft_refused():
+    found = problems_of(minimal_job(trainerArgs={"use_peft": True}))
+    assert found["spec.trainerArgs.use_peft"].startswith("refused")
+
+
+@pytest.mark.parametrize("key, hint", [("warmup_ratio", "warmup_steps"), ("max_prompt_length", "spec.dataset.maxPromptTokens")])
+def test_renamed_keys_point_to_their_new_home(key, hint):
+    found = problems_of(minimal_job(trainerArgs={key: 0.1}))
+    assert hint in found[f"spec.trainerArgs.{key}"]
+
+
+def test_max_model_len_must_hold_prompt_and_completion():
+    found = problems_of(
+        minimal_job(
+            dataset={"name": "d", "maxPromptTokens": 512},
+            vllm={"tensorParallelSize": 4, "maxModelLen": 1024},
+            trainerArgs={"max_completion_length": 1024},
+        )
+    )
+    assert "spec.vllm.maxModelLen" in found
+
+
+@pytest.mark.parametrize("obj", [None, [], "text", 3])
+def test_non_mapping_is_a_clear_error(obj):
+    with pytest.raises(JobSpecError):
+        parse_job(obj)
+
+
+def test_status_is_closed_and_typed():
+    obj = minimal_job()
+    obj["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning"}],
+        "workers": {"active": 1, "ready": 1, "gpus": 8},
+        "progress": {"step": 3, "maxSteps": 10, "metrics": {"reward": 0.5, "kl": 0.01}},
+    }
+    job = parse_job(obj)
+    assert job.status.progress.metrics["reward"] == 0.5
+    obj["status"]["progress"]["surprise"] = 1
+    obj["status"]["phase"] = "Dancing"
+    found = problems_of(obj)
+    assert {"status.progress.surprise", "status.phase"} <= set(found)
+
+
+def test_spec_is_immutable_once_started_except_suspend_and_ttl():
+    old = minimal_job()
+    new = copy.deepcopy(old)
+    new["spec"]["vllm"]["tensorParallelSize"] = 2
+    new["spec"]["runPolicy"] = {"suspend": True, "ttlSecondsAfterFinished": 5}
+    assert spec_change_problems(old, new) == []  # not started: anything goes
+    old["status"] = {"startTime": "2026-01-01T00:00:00Z"}
+    assert [path for path, _ in spec_change_problems(old, new)] == ["spec.vllm"]
+    new["spec"]["vllm"]["tensorParallelSize"] = 4
+    assert spec_change_problems(old, new) == []
+    new["spec"]["runPolicy"]["maxRestarts"] = 9
+    assert [path for path, _ in spec_change_problems(old, new)] == ["spec.runPolicy.maxRestarts"]
+
+
+def test_builtin_rewards_match_the_trainer():
+    # Read the trainer's registry without importing it (it is not the operator's to import).
+    source = (REPO / "training/colocgrpo_training/rewards/builtin.py").read_text()
+    registry = next(
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILTIN_REWARDS" for t in node.targets)
+    )
+    assert {key.value for key in registry.keys} == set(BUILTIN_REWARDS)
