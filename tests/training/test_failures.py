@@ -1,0 +1,105 @@
+"""Failure classification → the termination-message reasons the operator maps to conditions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from colocgrpo_training.data import DataError
+from colocgrpo_training.failures import (
+    EXIT_INVALID_CONFIG,
+    EXIT_TERMINATED,
+    InvalidConfigError,
+    TrainerTerminated,
+    classify,
+    write_termination_message,
+)
+
+pytestmark = pytest.mark.trainer
+
+
+def _vllm_error() -> Exception:
+    # An exception type defined in vLLM's package, as the engine raises them.
+    cls = type("EngineDeadError", (RuntimeError,), {"__module__": "vllm.v1.engine.exceptions"})
+    return cls("EngineCore encountered an issue")
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "CUDAOutOfMemory"),
+        (RuntimeError("CUDA error: out of memory"), "CUDAOutOfMemory"),
+        (RuntimeError("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)"), "NCCLTimeout"),
+        (torch.distributed.DistNetworkError("failed to connect to rank0:29500"), "NCCLTimeout"),
+        (_vllm_error(), "VLLMError"),
+        (InvalidConfigError("grpo.bf16 is set by model.dtype"), "InvalidConfig"),
+        (DataError("dataset 'x' split 'train' is empty"), "DataError"),
+        (ValueError("something else"), "TrainerError"),
+    ],
+)
+def test_classify(exc, reason):
+    assert classify(exc).reason == reason
+
+
+def test_wrapped_cause_is_classified_by_its_cause():
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("generation failed") from inner
+    except RuntimeError as outer:
+        assert classify(outer).reason == "CUDAOutOfMemory"
+
+
+def test_exit_codes():
+    assert classify(InvalidConfigError("x")).exit_code == EXIT_INVALID_CONFIG
+    assert classify(TrainerTerminated("x")).exit_code == EXIT_TERMINATED
+    assert classify(RuntimeError("x")).exit_code == 1
+
+
+def test_termination_message_is_json_and_bounded(tmp_path, monkeypatch):
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv("COLOCGRPO_TERMINATION_LOG", str(log))
+    failure = classify(RuntimeError("CUDA out of memory " + "x" * 10_000 + " END"))
+    write_termination_message(failure)
+    data = json.loads(log.read_text())
+    assert data["reason"] == "CUDAOutOfMemory"
+    assert data["message"].endswith("END")  # the end of an error says the most
+    assert len(log.read_bytes()) < 4096  # Kubernetes' termination-message limit
+
+
+def _run_entrypoint(config_text: str, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    config = tmp_path / "grpo.yaml"
+    config.write_text(config_text)
+    log = tmp_path / "termination-log"
+    env = {"COLOCGRPO_TERMINATION_LOG": str(log), "PATH": "/usr/bin:/bin"}
+    import os
+
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [sys.executable, *args, "--config", str(config)], capture_output=True, text=True, env=env, timeout=120
+    )
+    return result, json.loads(log.read_text())
+
+
+def test_invalid_config_names_the_field_and_exits_2(tmp_path):
+    bad = (
+        "version: 1\njob: {name: j, namespace: n}\nmodel: {name_or_path: m}\n"
+        "dataset: {name_or_path: d}\nrewards: [{function: format}]\n"
+        "vllm: {enabled: false, gpu_memory_utilization: 1.5}\ncheckpoint: {dir: /tmp/x}\n"
+    )
+    result, message = _run_entrypoint(bad, tmp_path, "-m", "colocgrpo_training")
+    assert result.returncode == 2, result.stderr
+    assert message["reason"] == "InvalidConfig"
+    assert "vllm.gpu_memory_utilization" in message["message"]
+
+
+def test_wrong_config_version_through_the_cli(tmp_path):
+    result, message = _run_entrypoint("version: 99\n", tmp_path, "-m", "colocgrpo_operator.cli", "train")
+    assert result.returncode == 2, result.stderr
+    assert message["reason"] == "InvalidConfig"
+    assert "version 99" in message["message"]
