@@ -56,6 +56,12 @@ def test_seed_example_fits():
     assert "qwen2.5-14b" in plan["shapeSource"]
 
 
+def test_tiny_cpu_example_fits():
+    result = colocgrpo("plan", "-f", str(REPO / "examples" / "tiny-cpu.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "CPU job" in result.stdout
+
+
 def test_72b_on_one_gpu_exit_1_names_the_term(tmp_path):
     spec = base_spec("Qwen/Qwen2.5-72B-Instruct", gpus=1, tp=1)
     result = colocgrpo("plan", "-f", str(write_job(tmp_path, spec)))

@@ -133,6 +133,12 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
+def is_cpu_job(spec: Any) -> bool:
+    """gpusPerNode 0 (a CPU job) needs no model shape at all."""
+    resources = _section(_as_mapping(spec), "resources")
+    return _get(resources, "gpus_per_node", default=1) == 0
+
+
 def resolve_shape(name: str, parameter_count: Any, base_dir: Path | None) -> tuple[ModelShape, list[str]]:
     warnings: list[str] = []
     candidate = Path(name).expanduser()

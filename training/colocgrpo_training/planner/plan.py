@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from colocgrpo_training.planner import formulas as f
-from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
+from colocgrpo_training.planner.inputs import PlanInputs, is_cpu_job, read_inputs
 
 GIB = f.GIB
 # Below this much free memory per GPU a plan that "fits" is flagged as tight: allocator fragmentation and
@@ -145,16 +145,20 @@ def _floor2(x: float) -> float:
     return math.floor(x * 100 + 1e-9) / 100
 
 
+def cpu_job_plan() -> MemoryPlan:
+    """gpusPerNode 0 runs no vLLM and no DeepSpeed: nothing to plan, whatever the model."""
+    return MemoryPlan(
+        fits=True, gpu_memory_gib=0.0, per_gpu_training_gib=0.0, per_gpu_generation_gib=0.0,
+        per_gpu_vllm_gib=0.0, vllm_needed_gib=0.0, vllm_minimum_gib=0.0, gpu_memory_utilization=None,
+        recommended_gpu_memory_utilization=None, utilization_range=None,
+        summary="CPU job (gpusPerNode 0): no vLLM and no GPU memory to plan",
+    )
+
+
 def plan_inputs(i: PlanInputs) -> MemoryPlan:
     """The arithmetic. Every term is per GPU, in bytes, then reported in GiB."""
     if i.gpus_per_node == 0:
-        return MemoryPlan(
-            fits=True, gpu_memory_gib=0.0, per_gpu_training_gib=0.0, per_gpu_generation_gib=0.0,
-            per_gpu_vllm_gib=0.0, vllm_needed_gib=0.0, vllm_minimum_gib=0.0, gpu_memory_utilization=None,
-            recommended_gpu_memory_utilization=None, utilization_range=None,
-            summary="CPU job (gpusPerNode 0): no vLLM and no GPU memory to plan",
-            warnings=list(i.warnings), assumptions=list(i.assumptions), inputs=i,
-        )
+        return cpu_job_plan()
     s, a, tp = i.shape, i.dtype_bytes, i.tensor_parallel_size
     gpu = int(i.gpu_memory_gib * GIB)
     p, n = i.parameter_count, i.world_size
@@ -321,6 +325,8 @@ def plan_from_spec(
     Raises PlanInputError (with `.field`) when the spec cannot be planned, e.g. an unknown model
     without spec.model.parameterCount.
     """
+    if is_cpu_job(spec):
+        return cpu_job_plan()
     inputs = read_inputs(
         spec,
         base_dir=Path(base_dir) if base_dir is not None else None,
