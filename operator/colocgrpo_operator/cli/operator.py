@@ -1,0 +1,62 @@
+"""`colocgrpo operator`: run the kopf operator in this process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the ColocGRPOJob operator (all namespaces unless --namespace is given)",
+        description="Reconcile ColocGRPOJobs into gangs of pods and report their status.",
+    )
+    parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                        help="watch only this namespace (repeatable; glob patterns allowed); default: all")
+    parser.add_argument("--trainer-image", default=None,
+                        help="trainer image for jobs without spec.image")
+    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0: off)")
+    parser.add_argument("--liveness-port", type=int, default=8080,
+                        help="liveness probe port, path /healthz (0: off)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or $KUBECONFIG)")
+    parser.add_argument("--recheck-seconds", type=float, default=None,
+                        help="how often active jobs are re-checked (stall detection granularity; default 10)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from colocgrpo_operator.controller import settings as operator_settings
+
+    # The startup handler reads its configuration from the environment, so the same handlers
+    # serve `colocgrpo operator`, `kopf run -m colocgrpo_operator.controller.handlers` and tests.
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
+    if args.trainer_image:
+        os.environ[operator_settings.ENV_TRAINER_IMAGE] = args.trainer_image
+    os.environ[operator_settings.ENV_METRICS_PORT] = str(args.metrics_port)
+    if args.recheck_seconds:
+        os.environ[operator_settings.ENV_ACTIVE_INTERVAL] = str(args.recheck_seconds)
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
+    )
+    # aiohttp and kubernetes log every request at DEBUG; keep ours readable.
+    for noisy in ("aiohttp", "urllib3", "kubernetes"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, getattr(logging, args.log_level)))
+
+    import kopf
+
+    from colocgrpo_operator.controller import handlers  # noqa: F401  (registers the handlers)
+
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(
+        standalone=True,  # one replica (the chart's Deployment uses the Recreate strategy)
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=liveness,
+    )
+    return 0

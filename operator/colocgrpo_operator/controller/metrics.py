@@ -1,0 +1,49 @@
+"""Prometheus metrics of the operator (served on --metrics-port, path /metrics)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as _Tally
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+PHASES = ("Pending", "Queued", "Suspended", "Starting", "Running", "Restarting", "Succeeded", "Failed")
+
+JOBS_BY_PHASE = Gauge("colocgrpo_jobs", "ColocGRPOJobs known to the operator, by phase", ["phase"])
+RECONCILE_SECONDS = Histogram(
+    "colocgrpo_reconcile_duration_seconds",
+    "Time to reconcile one ColocGRPOJob (status derivation and the API calls it needed)",
+    ["trigger"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RECONCILE_ERRORS = Counter("colocgrpo_reconcile_errors_total", "Reconciles that raised", ["trigger"])
+GANG_RESTARTS = Counter("colocgrpo_gang_restarts_total", "Whole-gang restarts", ["counted"])
+API_REQUESTS = Counter("colocgrpo_operator_api_requests_total", "Kubernetes API requests made by the handlers "
+                       "(kopf's own watches and patches not included)", ["verb"])
+
+
+class PhaseBook:
+    """The last phase of every job, so the phase gauge is exact (not a running sum)."""
+
+    def __init__(self) -> None:
+        self._phases: dict[Any, str] = {}
+        self._lock = threading.Lock()
+
+    def set(self, key: Any, phase: str | None) -> None:
+        with self._lock:
+            if phase is None:
+                self._phases.pop(key, None)
+            else:
+                self._phases[key] = phase
+            tally = _Tally(self._phases.values())
+        for name in PHASES:
+            JOBS_BY_PHASE.labels(phase=name).set(tally.get(name, 0))
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve /metrics in a daemon thread; returns the server (shutdown() stops it)."""
+    for name in PHASES:
+        JOBS_BY_PHASE.labels(phase=name).set(0)
+    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    return server

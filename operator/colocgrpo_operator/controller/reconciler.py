@@ -1,0 +1,286 @@
+"""One reconcile of one ColocGRPOJob: decide (pure, controller/status.py), then act.
+
+Every trigger — the job's create/update/resume, an event of its batch Job or pods, the
+periodic re-check — ends up here, serialized per job by an asyncio lock, so two triggers
+never race each other into two decisions. Decisions are level-based (derived from what
+exists now), which is what makes an operator killed at any point safe to restart:
+
+- children have deterministic names, so re-creating one is a 409 (no duplicate Job);
+- a gang restart is recorded in status (restarts, lastFailure.jobUid) *before* the failed
+  Job is deleted, and a failure of a Job uid already recorded is never counted twice;
+- the CR's status is the only memory, apart from caches that can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+
+from colocgrpo_operator.api import JobSpecError, parse_job
+from colocgrpo_operator.controller import status as derive
+from colocgrpo_operator.controller.kube import KubeApi
+from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
+
+Key = tuple[str, str]  # (namespace, name)
+
+# Phases worth a Warning event; the rest are Normal.
+_WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
+
+
+class ParsedSpec:
+    """A spec parsed once per generation: the typed job, or the problems that refuse it."""
+
+    def __init__(self, cr: dict[str, Any]):
+        self.job = None
+        self.problems: list[tuple[str, str]] = []
+        self.facts: derive.RunFacts | None = None
+        self.plan_warning: tuple[bool, str, str] | None = None
+        meta = cr.get("metadata") or {}
+        try:
+            # Status is the operator's own output; only what the user wrote is validated.
+            self.job = parse_job({k: v for k, v in cr.items() if k != "status"})
+        except JobSpecError as error:
+            self.problems = list(error.errors) or [("spec", str(error))]
+            return
+        except Exception as error:  # a validator bug must not take the operator down
+            self.problems = [("spec", f"could not be validated: {error}")]
+            return
+        spec = self.job.spec
+        self.facts = derive.RunFacts(
+            nodes=spec.resources.nodes,
+            gpus_per_node=spec.resources.gpus_per_node,
+            max_restarts=spec.run_policy.max_restarts,
+            suspend=spec.run_policy.suspend,
+            queue_name=spec.scheduling.queue_name,
+            stall_timeout_seconds=spec.run_policy.stall_timeout_seconds,
+            active_deadline_seconds=spec.run_policy.active_deadline_seconds,
+            generation=meta.get("generation"),
+        )
+        self.plan_warning = _plan_warning(cr) if spec.resources.gpus_per_node > 0 else None
+
+
+def _plan_warning(cr: dict[str, Any]) -> tuple[bool, str, str] | None:
+    """(warn, reason, message) from the memory planner, or None if it is unavailable.
+
+    The planner lives in colocgrpo_training (light, torch-free); it is optional for the
+    operator, and a planner error never blocks a job (it only loses its warning).
+    """
+    try:
+        from colocgrpo_training.planner import plan_job
+    except ImportError:
+        return None
+    try:
+        plan = plan_job(cr)
+    except Exception as error:  # PlanInputError or a planner bug: say so, do not fail
+        return True, "PlanUnavailable", f"the memory plan could not be computed: {error}"
+    if not plan.fits:
+        return True, "DoesNotFit", plan.condition_message()
+    if plan.warnings:
+        return True, "MemoryWarning", plan.condition_message()
+    return False, "Fits", plan.condition_message() or "the memory plan fits"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch turning `current` into `desired`: removed keys become null; never progress."""
+    patch = {k: v for k, v in desired.items() if k != "progress"}
+    for key in current:
+        if key != "progress" and key not in desired:
+            patch[key] = None
+    return patch
+
+
+def _resource_version(obj: dict[str, Any] | None) -> int:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class Reconciler:
+    def __init__(self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor,
+                 logger: logging.Logger):
+        self.kube = kube
+        self.default_image = default_image
+        self.executor = executor
+        self.logger = logger
+        self.phases = PhaseBook()
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._specs: dict[tuple[str, Any], ParsedSpec] = {}
+        # Our own last status write per job, with its resourceVersion: the watch (and so the
+        # index) may lag behind it, and deciding from an older status could count twice.
+        self._written: dict[Key, tuple[int, dict[str, Any]]] = {}
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    async def _blocking(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def parsed(self, cr: dict[str, Any]) -> ParsedSpec:
+        meta = cr.get("metadata") or {}
+        cache_key = (meta.get("uid") or "", meta.get("generation"))
+        parsed = self._specs.get(cache_key)
+        if parsed is None:
+            if len(self._specs) > 4096:
+                self._specs.clear()
+            parsed = self._specs[cache_key] = ParsedSpec(cr)
+        return parsed
+
+    def forget(self, key: Key) -> None:
+        """The job is gone: drop its caches and its phase from the gauge."""
+        self._locks.pop(key, None)
+        self._written.pop(key, None)
+        self.phases.set(key, None)
+
+    # -- the reconcile ----------------------------------------------------------------------------
+
+    async def reconcile(
+        self,
+        key: Key,
+        cr: dict[str, Any] | None,
+        job: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+        *,
+        trigger: str,
+        ensure_children: bool = False,
+    ) -> None:
+        """Bring one job's children and status in line with the world. Raises on API errors
+        (kopf retries handler-triggered reconciles; the periodic re-check covers the rest)."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            started = time.perf_counter()
+            try:
+                await self._reconcile_locked(key, cr, job, pods, ensure_children=ensure_children)
+            except Exception:
+                RECONCILE_ERRORS.labels(trigger=trigger).inc()
+                raise
+            finally:
+                RECONCILE_SECONDS.labels(trigger=trigger).observe(time.perf_counter() - started)
+
+    async def _reconcile_locked(self, key: Key, cr: dict[str, Any] | None, job: dict[str, Any] | None,
+                                pods: list[dict[str, Any]], *, ensure_children: bool) -> None:
+        if cr is None:
+            self.forget(key)
+            return
+        meta = cr.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return  # garbage collection removes the children; nothing to decide
+        now = _now()
+        indexed_status = dict(cr.get("status") or {})
+        progress = indexed_status.get("progress")
+        previous = {k: v for k, v in indexed_status.items() if k != "progress"}
+        written = self._written.get(key)
+        if written and written[0] > _resource_version(cr):
+            previous = written[1]
+
+        parsed = self.parsed(cr)
+        if parsed.job is None:
+            desired = derive.invalid_spec_status(previous, parsed.problems, now, meta.get("generation"))
+            await self._write_status(key, cr, previous, desired)
+            return
+
+        # A Job of the same name that this job does not own (a predecessor with the same name
+        # still being garbage-collected) is not ours to judge; creating ours waits for it.
+        if job is not None and not _owned_by(job, meta.get("uid")):
+            job = None
+        assessment = derive.assess(parsed.facts, job, pods, previous, now, progress)
+        desired = assessment.status
+        if parsed.plan_warning is not None:
+            warn, reason, message = parsed.plan_warning
+            desired = dict(desired, conditions=derive.set_condition(
+                desired.get("conditions", []), "PlanWarning", warn, reason, message, now, meta.get("generation")))
+
+        if ensure_children and desired.get("phase") not in derive.TERMINAL_PHASES:
+            await self._blocking(self._apply_children, cr, parsed)
+
+        # Record before acting: a restart is counted in status before the Job is deleted.
+        await self._write_status(key, cr, previous, desired)
+
+        action = assessment.action
+        if action is derive.Action.CREATE_JOB:
+            created = await self._blocking(self._create_job, cr, parsed, desired, now)
+            if created:
+                self.logger.info("created the gang's batch Job %s/%s", *key)
+        elif action is derive.Action.RESTART_GANG and job is not None:
+            uid = (job.get("metadata") or {}).get("uid")
+            deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], "Foreground", uid)
+            if deleted and assessment.failure is not None:
+                GANG_RESTARTS.labels(counted=str(assessment.failure.counted).lower()).inc()
+                self.logger.warning("gang restart after %s: %s", assessment.failure.reason,
+                                    assessment.failure.message)
+        elif action in (derive.Action.SUSPEND_JOB, derive.Action.RESUME_JOB):
+            await self._blocking(self.kube.patch_job_suspend, key[0], key[1], action is derive.Action.SUSPEND_JOB)
+
+    async def _write_status(self, key: Key, cr: dict[str, Any], previous: dict[str, Any],
+                            desired: dict[str, Any]) -> None:
+        self.phases.set(key, desired.get("phase"))
+        if desired == previous:
+            return
+        patch = _status_patch(previous, desired)
+        response = await self._blocking(self.kube.patch_status, key[0], key[1], patch)
+        self._written[key] = (_resource_version(response), desired)
+        old_phase, new_phase = previous.get("phase"), desired.get("phase")
+        if old_phase != new_phase:
+            kopf.event(
+                _event_target(cr),
+                type="Warning" if new_phase in _WARNING_PHASES else "Normal",
+                reason=str(new_phase),
+                message=(desired.get("message") or f"phase {new_phase}")[:1024],
+            )
+            self.logger.info("%s/%s: %s -> %s: %s", key[0], key[1], old_phase, new_phase, desired.get("message"))
+
+    # -- blocking API work (executor threads) ----------------------------------------------------
+
+    def _render(self, parsed: ParsedSpec, cr: dict[str, Any]) -> list[dict[str, Any]]:
+        from colocgrpo_operator.render import render_children
+
+        children = render_children(parsed.job, default_image=self.default_image)
+        owner = _event_target(cr)
+        for child in children:
+            child.setdefault("metadata", {}).setdefault("namespace", owner["metadata"]["namespace"])
+            kopf.adopt(child, owner=owner)
+        return children
+
+    def _apply_children(self, cr: dict[str, Any], parsed: ParsedSpec) -> None:
+        """Everything but the Job, server-side applied (creates or updates, idempotently).
+
+        The Job is left out: its pod template is immutable and its spec.suspend may belong to
+        Kueue, so it is only ever created (see _create_job) and its suspend patched on purpose.
+        """
+        for child in self._render(parsed, cr):
+            if child.get("kind") != "Job":
+                self.kube.apply(child)
+
+    def _create_job(self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any], now: datetime) -> bool:
+        job = next(c for c in self._render(parsed, cr) if c.get("kind") == "Job")
+        # A recreated gang gets what is left of the job's deadline, not a fresh one.
+        remaining = derive.remaining_deadline(parsed.facts, status, now)
+        if remaining is not None:
+            job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
+        return self.kube.create(job)
+
+
+def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return not owners or any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
+
+
+def _event_target(cr: dict[str, Any]) -> dict[str, Any]:
+    meta = cr.get("metadata") or {}
+    return {
+        "apiVersion": cr.get("apiVersion") or "colocgrpo.io/v1alpha1",
+        "kind": cr.get("kind") or "ColocGRPOJob",
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                     "labels": dict(meta.get("labels") or {})},
+    }

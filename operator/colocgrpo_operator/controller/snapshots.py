@@ -1,0 +1,75 @@
+"""Trimmed, detached copies of watched objects, for kopf's in-memory indices.
+
+Only the fields status derivation reads are kept: 500 jobs with their pods then cost
+kilobytes, not the megabytes of full objects (managedFields alone dwarf the rest).
+Copies are deep, so the indices never alias a body kopf may still mutate.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from colocgrpo_operator.api import GROUP
+
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+def _pick(source: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(source, Mapping):
+        return {}
+    return {k: copy.deepcopy(source[k]) for k in keys if k in source and source[k] is not None}
+
+
+def _owner_uids(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    owners = meta.get("ownerReferences") or []
+    return [{"uid": o.get("uid"), "kind": o.get("kind"), "name": o.get("name")}
+            for o in owners if isinstance(o, Mapping)]
+
+
+def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ColocGRPOJob: identity, spec and status (kopf's bookkeeping annotations dropped)."""
+    meta = body.get("metadata") or {}
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items()
+        if not (k.startswith(f"{GROUP}/") and k != f"{GROUP}/gpu-memory-gib") and not k.startswith("kopf.")
+        and k != "kubectl.kubernetes.io/last-applied-configuration"
+    }
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": dict(
+            _pick(meta, ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp",
+                         "labels")),
+            annotations=annotations,
+        ),
+        "spec": copy.deepcopy(dict(body.get("spec") or {})),
+        "status": copy.deepcopy(dict(body.get("status") or {})),
+    }
+
+
+def batch_job_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        "metadata": dict(_pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
+                         ownerReferences=_owner_uids(meta)),
+        "spec": _pick(body.get("spec"), ("suspend", "completions", "parallelism")),
+        "status": _pick(body.get("status"), ("conditions", "startTime", "completionTime", "active", "ready",
+                                             "succeeded", "failed")),
+    }
+
+
+def pod_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return {
+        "metadata": dict(
+            _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
+            labels={k: v for k, v in labels.items() if k == COMPLETION_INDEX_LABEL},
+            ownerReferences=_owner_uids(meta),
+        ),
+        "spec": _pick(body.get("spec"), ("nodeName",)),
+        "status": _pick(body.get("status"), ("phase", "reason", "message", "conditions", "containerStatuses",
+                                             "initContainerStatuses")),
+    }
