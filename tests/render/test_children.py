@@ -1,0 +1,274 @@
+"""Structural assertions on every object the renderer produces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from colocgrpo_operator.api import parse_job
+from colocgrpo_operator.render import render_children, render_trainer_config
+from colocgrpo_training.config import TrainerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.36.0"
+
+
+def load_example(name: str, **spec_overrides) -> dict:
+    obj = yaml.safe_load((REPO / "examples" / name).read_text())
+    obj["spec"].update(spec_overrides)
+    return obj
+
+
+def children_by_kind(obj: dict, **kwargs) -> dict[str, dict]:
+    children = render_children(parse_job(obj), **kwargs)
+    by_kind = {child["kind"]: child for child in children}
+    assert len(by_kind) == len(children), "one object per kind"
+    return by_kind
+
+
+@pytest.fixture(scope="module")
+def seed() -> dict[str, dict]:
+    obj = load_example("seed-qwen14b-tp4.yaml")
+    obj["metadata"]["namespace"] = "research"
+    return children_by_kind(obj)
+
+
+def pod_spec(children: dict[str, dict]) -> dict:
+    return children["Job"]["spec"]["template"]["spec"]
+
+
+def trainer(children: dict[str, dict]) -> dict:
+    (container,) = pod_spec(children)["containers"]
+    return container
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {item["name"]: item for item in container["env"]}
+
+
+def test_children_are_named_namespaced_and_labelled(seed):
+    assert set(seed) == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"}
+    names = {kind: obj["metadata"]["name"] for kind, obj in seed.items()}
+    assert names == {
+        "ServiceAccount": "seed-qwen14b-tp4-trainer",
+        "Role": "seed-qwen14b-tp4-trainer",
+        "RoleBinding": "seed-qwen14b-tp4-trainer",
+        "ConfigMap": "seed-qwen14b-tp4-config",
+        "Service": "seed-qwen14b-tp4",
+        "Job": "seed-qwen14b-tp4",
+    }
+    for obj in seed.values():
+        assert obj["metadata"]["namespace"] == "research"
+        assert obj["metadata"]["labels"]["colocgrpo.io/job-name"] == "seed-qwen14b-tp4"
+        assert "ownerReferences" not in obj["metadata"]  # the operator adopts
+
+
+@pytest.mark.parametrize("example", ["seed-qwen14b-tp4.yaml", "tiny-cpu.yaml"])
+def test_children_pass_kubernetes_schema_validation(example):
+    for child in render_children(parse_job(load_example(example))):
+        kubernetes_validate.validate(child, K8S_VERSION, strict=True)
+
+
+def test_config_map_has_exactly_the_three_files_and_no_secrets(seed):
+    data = seed["ConfigMap"]["data"]
+    assert set(data) == {"grpo.yaml", "accelerate.yaml", "deepspeed.json"}
+    config = TrainerConfig.from_yaml(data["grpo.yaml"])  # the trainer's own parser accepts it
+    assert config.job.name == "seed-qwen14b-tp4" and config.job.namespace == "research"
+    accelerate = yaml.safe_load(data["accelerate.yaml"])
+    assert accelerate["distributed_type"] == "DEEPSPEED"
+    assert accelerate["num_machines"] == 1 and accelerate["num_processes"] == 8
+    assert accelerate["deepspeed_config"]["deepspeed_config_file"] == "/etc/colocgrpo/deepspeed.json"
+    assert accelerate["main_process_ip"] == "seed-qwen14b-tp4-0.seed-qwen14b-tp4"
+    deepspeed = json.loads(data["deepspeed.json"])
+    assert deepspeed["zero_optimization"]["stage"] == 3
+    assert deepspeed["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert deepspeed["gradient_accumulation_steps"] == "auto"  # one source of truth: GRPOConfig
+
+
+def test_secret_is_an_env_reference_never_config():
+    obj = load_example("seed-qwen14b-tp4.yaml", secrets={"huggingFaceToken": {"name": "hf", "key": "token"}})
+    children = children_by_kind(obj)
+    env = env_of(trainer(children))
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert "token" not in json.dumps(children["ConfigMap"]["data"]).lower().replace("max_prompt_tokens", "")
+
+
+def test_headless_service_for_rank0_dns(seed):
+    service = seed["Service"]["spec"]
+    assert service["clusterIP"] == "None"
+    assert service["publishNotReadyAddresses"] is True
+    assert service["selector"] == {"colocgrpo.io/job-name": "seed-qwen14b-tp4"}
+    assert pod_spec(seed)["subdomain"] == seed["Service"]["metadata"]["name"]
+    assert seed["Job"]["spec"]["template"]["metadata"]["labels"]["colocgrpo.io/job-name"] == "seed-qwen14b-tp4"
+
+
+def test_indexed_job_one_pod_per_node_never_retried_alone():
+    obj = load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 3, "gpusPerNode": 8})
+    job = children_by_kind(obj)["Job"]["spec"]
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == 3
+    assert job["backoffLimit"] == 0
+    assert job["podReplacementPolicy"] == "Failed"
+    assert job["suspend"] is False
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_gpu_container_resources_command_and_rendezvous(seed):
+    container = trainer(seed)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert container["command"][:2] == ["accelerate", "launch"]
+    command = " ".join(container["command"])
+    assert "--config_file /etc/colocgrpo/accelerate.yaml" in command
+    assert "--machine_rank $(MACHINE_RANK)" in command
+    assert command.endswith("-m colocgrpo_training --config /etc/colocgrpo/grpo.yaml")
+    env = env_of(container)
+    assert env["MASTER_ADDR"]["value"] == "seed-qwen14b-tp4-0.seed-qwen14b-tp4"
+    assert env["MASTER_PORT"]["value"] == "29500"
+    assert env["MACHINE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    assert env["NUM_MACHINES"]["value"] == "1" and env["NUM_PROCESSES"]["value"] == "8"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
+    assert env["HF_HOME"]["value"] == "/cache/huggingface"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert env["COLOCGRPO_TERMINATION_LOG"]["value"] == container["terminationMessagePath"]
+
+
+def test_volumes_shm_config_checkpoint_cache(seed):
+    spec = pod_spec(seed)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in trainer(seed)["volumeMounts"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"] == "/dev/shm"
+    assert volumes["config"]["configMap"]["name"] == "seed-qwen14b-tp4-config" and mounts["config"] == "/etc/colocgrpo"
+    assert mounts["checkpoints"] == "/checkpoints" and mounts["cache"] == "/cache"
+
+
+def test_checkpoint_pvc_reward_configmap_and_offline_cache():
+    obj = load_example(
+        "seed-qwen14b-tp4.yaml",
+        checkpoint={"claimName": "ckpt", "path": "/ckpt", "saveSteps": 50},
+        cache={"claimName": "hf-cache", "offline": True},
+        rewardModules={"configMapName": "my-rewards"},
+        rewards=[{"function": "my_rewards:exact"}],
+        resources={"nodes": 1, "gpusPerNode": 8, "sharedMemory": "16Gi"},
+    )
+    children = children_by_kind(obj)
+    volumes = {v["name"]: v for v in pod_spec(children)["volumes"]}
+    mounts = {m["name"]: m for m in trainer(children)["volumeMounts"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "ckpt"
+    assert mounts["checkpoints"]["mountPath"] == "/ckpt"
+    assert volumes["cache"]["persistentVolumeClaim"]["claimName"] == "hf-cache"
+    assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "16Gi"
+    assert volumes["reward-modules"]["configMap"]["name"] == "my-rewards"
+    reward_dir = mounts["reward-modules"]["mountPath"]
+    assert not reward_dir.startswith("/etc/colocgrpo/")  # a ConfigMap mount is read-only: no nesting
+    env = env_of(trainer(children))
+    assert env["PYTHONPATH"]["value"] == reward_dir
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"
+    config = TrainerConfig.from_yaml(children["ConfigMap"]["data"]["grpo.yaml"])
+    assert config.reward_modules_dir == reward_dir
+    assert config.checkpoint.dir == "/ckpt" and config.checkpoint.save_steps == 50
+
+
+def test_trainer_rbac_patches_only_its_own_status(seed):
+    rules = seed["Role"]["rules"]
+    assert {"apiGroups": ["colocgrpo.io"], "resources": ["colocgrpojobs/status"], "resourceNames": ["seed-qwen14b-tp4"], "verbs": ["get", "patch"]} in rules
+    for rule in rules:
+        assert rule["resourceNames"] == ["seed-qwen14b-tp4"]
+        assert set(rule["verbs"]) <= {"get", "patch"}
+        if rule["resources"] != ["colocgrpojobs/status"]:
+            assert rule["verbs"] == ["get"]
+    binding = seed["RoleBinding"]
+    assert binding["roleRef"]["name"] == seed["Role"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "seed-qwen14b-tp4-trainer", "namespace": "research"}]
+    assert pod_spec(seed)["serviceAccountName"] == "seed-qwen14b-tp4-trainer"
+    assert pod_spec(seed)["automountServiceAccountToken"] is True
+
+
+def test_suspend_and_kueue_queue_propagate():
+    suspended = children_by_kind(load_example("seed-qwen14b-tp4.yaml", runPolicy={"suspend": True}))["Job"]
+    assert suspended["spec"]["suspend"] is True
+    queued = children_by_kind(load_example("seed-qwen14b-tp4.yaml", scheduling={"queueName": "gpu-queue"}))["Job"]
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert queued["spec"]["suspend"] is True  # Kueue admits by unsuspending
+
+
+def test_scheduling_pod_template_and_deadline_overrides():
+    obj = load_example(
+        "seed-qwen14b-tp4.yaml",
+        image="registry.example/trainer:dev",
+        imagePullPolicy="Always",
+        scheduling={
+            "nodeSelector": {"gpu": "h200"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+            "priorityClassName": "training",
+        },
+        podTemplate={
+            "env": [{"name": "EXTRA", "value": "1"}, {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+            "labels": {"team": "rl", "colocgrpo.io/job-name": "spoofed"},
+            "annotations": {"note": "x"},
+            "imagePullSecrets": [{"name": "regcred"}],
+        },
+        runPolicy={"activeDeadlineSeconds": 3600},
+    )
+    children = children_by_kind(obj, default_image="ignored:latest")
+    job = children["Job"]
+    spec = pod_spec(children)
+    container = trainer(children)
+    assert container["image"] == "registry.example/trainer:dev" and container["imagePullPolicy"] == "Always"
+    assert spec["nodeSelector"] == {"gpu": "h200"}
+    assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert spec["affinity"]["nodeAffinity"]
+    assert spec["priorityClassName"] == "training"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert env_of(container)["FROM_SECRET"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
+    assert any(v["name"] == "data" for v in spec["volumes"])
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "rl" and labels["colocgrpo.io/job-name"] == "seed-qwen14b-tp4"
+    assert job["spec"]["template"]["metadata"]["annotations"] == {"note": "x"}
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+
+
+def test_image_defaults_operator_flag_then_version():
+    obj = load_example("tiny-cpu.yaml")
+    assert trainer(children_by_kind(obj, default_image="op/trainer:1"))["image"] == "op/trainer:1"
+    assert trainer(children_by_kind(obj))["image"] == "colocgrpo/trainer:0.1.0"
+
+
+def test_cpu_job_runs_python_without_gpus_or_vllm():
+    children = children_by_kind(load_example("tiny-cpu.yaml"))
+    container = trainer(children)
+    assert container["command"] == ["python", "-m", "colocgrpo_training", "--config", "/etc/colocgrpo/grpo.yaml"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+    config = TrainerConfig.from_yaml(children["ConfigMap"]["data"]["grpo.yaml"])
+    assert config.vllm.enabled is False
+    assert yaml.safe_load(children["ConfigMap"]["data"]["accelerate.yaml"])["distributed_type"] == "NO"
+
+
+def test_multi_node_cpu_job_uses_accelerate_multi_cpu():
+    children = children_by_kind(load_example("tiny-cpu.yaml", resources={"nodes": 2, "gpusPerNode": 0}))
+    assert trainer(children)["command"][:2] == ["accelerate", "launch"]
+    accelerate = yaml.safe_load(children["ConfigMap"]["data"]["accelerate.yaml"])
+    assert accelerate["distributed_type"] == "MULTI_CPU" and accelerate["num_processes"] == 2
+
+
+def test_render_trainer_config_maps_every_typed_section():
+    job = parse_job(load_example("seed-qwen14b-tp4.yaml"))
+    config = render_trainer_config(job)
+    assert config.model.name_or_path == "Qwen/Qwen2.5-14B-Instruct"
+    assert config.model.attn_implementation == "flash_attention_2"
+    assert config.dataset.prompt_column == "problem"
+    assert config.vllm.tensor_parallel_size == 4 and config.vllm.enabled
+    assert [r.function for r in config.rewards] == ["accuracy", "format"]
+    assert config.grpo == job.spec.trainer_args
