@@ -28,8 +28,9 @@ def completion_text(completion: Any) -> str:
 def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float | None]:
     """1.0 when math_verify says the completion's answer equals the gold solution, else 0.0.
 
-    A gold solution that math_verify cannot parse is skipped (None), not scored: open-r1
-    did the same after first rewarding 1.0 for it, which rewarded noise.
+    A gold solution that math_verify cannot parse is skipped (None), not scored (open-r1
+    gives 1.0 there, the same for every completion of the prompt). The gold answer is
+    parsed with math_verify's default extractors (LaTeX and plain expressions).
     """
     from latex2sympy2_extended import NormalizationConfig
     from math_verify import LatexExtractionConfig, parse, verify
