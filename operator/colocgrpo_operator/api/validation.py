@@ -90,9 +90,11 @@ def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
     return problems
 
 
-def name_problems(name: str | None) -> list[tuple[str, str]]:
-    if not name:
+def name_problems(name: Any) -> list[tuple[str, str]]:
+    if name is None or name == "":
         return [("metadata.name", "required field is missing")]
+    if not isinstance(name, str):
+        return [("metadata.name", f"must be a string, got {type(name).__name__}")]
     problems = []
     if len(name) > MAX_JOB_NAME_LENGTH:
         problems.append(
