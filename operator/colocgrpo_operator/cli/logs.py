@@ -1,0 +1,73 @@
+"""`colocgrpo logs NAME [--rank N] [-f]`: the trainer log of one rank of a job.
+
+Rank N's pod is the pod of completion index N of the job's current batch Job (label
+batch.kubernetes.io/job-completion-index), the newest one if a gang restart left several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("logs", help="print (or follow) the trainer log of one rank of a job")
+    parser.add_argument("name")
+    parser.add_argument("--rank", type=int, default=0, help="node rank = completion index (default 0)")
+    parser.add_argument("--namespace", "-n", default=None)
+    parser.add_argument("--follow", "-f", action="store_true")
+    parser.add_argument("--tail", type=int, default=None, help="only the last N lines")
+    parser.add_argument("--previous", action="store_true", help="the previous container instance")
+    parser.add_argument("--kubeconfig", default=None)
+    parser.set_defaults(func=run)
+
+
+def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
+    """The newest live pod of that completion index (pure; tested without a cluster)."""
+    candidates = [
+        p for p in pods
+        if (p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) == str(rank)
+    ]
+    candidates.sort(key=lambda p: (not (p.get("metadata") or {}).get("deletionTimestamp"),
+                                   (p.get("metadata") or {}).get("creationTimestamp") or ""))
+    return candidates[-1] if candidates else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubernetes import config
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    from colocgrpo_operator.api import JOB_NAME_LABEL
+    from colocgrpo_operator.cli.watch import _context_namespace
+
+    api_client = config.new_client_from_config(config_file=args.kubeconfig)
+    namespace = args.namespace or _context_namespace(args.kubeconfig)
+    core = CoreV1Api(api_client)
+    listing = core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={args.name}")
+    pods = [api_client.sanitize_for_serialization(p) for p in listing.items]
+    pod = pick_pod(pods, args.rank)
+    if pod is None:
+        ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) for p in pods}
+                       - {None})
+        hint = f" (ranks with pods: {', '.join(ranks)})" if ranks else " (the job has no pods yet)"
+        print(f"error: no pod of rank {args.rank} for job {namespace}/{args.name}{hint}", file=sys.stderr)
+        return 2
+    name = pod["metadata"]["name"]
+    kwargs: dict[str, Any] = {"container": "trainer", "follow": args.follow, "previous": args.previous}
+    if args.tail is not None:
+        kwargs["tail_lines"] = args.tail
+    try:
+        response = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
+        for chunk in response.stream(4096):
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+            sys.stdout.flush()
+    except ApiException as error:
+        print(f"error: logs of pod {namespace}/{name}: {error.reason}: {error.body or ''}".strip(), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,169 @@
+"""`colocgrpo watch NAME`: a live view of one job until it finishes.
+
+Exit status: 0 Succeeded, 1 Failed, 2 job not found / bad arguments, 3 --timeout passed.
+Uses a watch stream on the one object (field-selected by name), not polling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+TERMINAL = {"Succeeded": 0, "Failed": 1}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("watch", help="follow a ColocGRPOJob live until it succeeds or fails")
+    parser.add_argument("name")
+    parser.add_argument("--namespace", "-n", default=None, help="default: the kubeconfig context's namespace")
+    parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
+    parser.add_argument("--plain", action="store_true", help="one line per change instead of a live panel")
+    parser.set_defaults(func=run)
+
+
+def render_view(obj: dict[str, Any]) -> Any:
+    """A rich renderable for one ColocGRPOJob (pure: used by tests and the live view)."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    colour = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Restarting": "yellow"}.get(phase, "white")
+    head = Text.assemble((f"{meta.get('namespace')}/{meta.get('name')}  ", "bold"), (phase, f"bold {colour}"))
+    if status.get("message"):
+        head.append(f"  {status['message']}", style="dim")
+    parts: list[Any] = [head]
+
+    progress = status.get("progress") or {}
+    step, max_steps = progress.get("step"), progress.get("maxSteps")
+    metrics = progress.get("metrics") or {}
+    line = Table.grid(padding=(0, 2))
+    line.add_column()
+    line.add_column()
+    if isinstance(step, int) and isinstance(max_steps, int) and max_steps > 0:
+        line.add_row(ProgressBar(total=max_steps, completed=min(step, max_steps), width=40),
+                     f"step {step}/{max_steps}")
+    else:
+        line.add_row(Text("step -", style="dim"), "")
+    parts.append(line)
+    shown = {k: metrics[k] for k in ("reward", "kl", "loss", "completion_length", "step_time_seconds") if k in metrics}
+    if shown:
+        parts.append(Text("  ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                                    for k, v in shown.items())))
+    workers = status.get("workers") or {}
+    facts = [f"restarts {status.get('restarts', 0)}"]
+    if workers:
+        facts.append(f"workers active {workers.get('active', 0)} ready {workers.get('ready', 0)}")
+    if status.get("rank0Pod"):
+        facts.append(f"rank 0 {status['rank0Pod']}")
+    parts.append(Text("  ".join(facts), style="dim"))
+
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for column in ("condition", "status", "reason", "message"):
+        table.add_column(column, overflow="fold")
+    for condition in status.get("conditions") or []:
+        if not isinstance(condition, dict):
+            continue
+        flag = condition.get("status")
+        style = "green" if flag == "True" else "dim"
+        if flag == "True" and condition.get("type") in ("Failed", "Stalled", "PlanWarning"):
+            style = "red"
+        table.add_row(str(condition.get("type")), Text(str(flag), style=style), str(condition.get("reason") or ""),
+                      str(condition.get("message") or "")[:200])
+    parts.append(table)
+    return Group(*parts)
+
+
+def _plain_line(obj: dict[str, Any]) -> str:
+    status = obj.get("status") or {}
+    progress = status.get("progress") or {}
+    reward = (progress.get("metrics") or {}).get("reward")
+    return (f"{status.get('phase') or 'Pending'}  step {progress.get('step', '-')}/{progress.get('maxSteps', '-')}"
+            f"  reward {reward if reward is not None else '-'}  {status.get('message') or ''}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubernetes import config, watch
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+    from rich.console import Console
+    from rich.live import Live
+
+    from colocgrpo_operator.api import GROUP, PLURAL, VERSION
+
+    api_client = config.new_client_from_config(config_file=args.kubeconfig)
+    namespace = args.namespace or _context_namespace(args.kubeconfig)
+    api = CustomObjectsApi(api_client)
+    console = Console(stderr=False)
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    try:
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name)
+    except ApiException as error:
+        if error.status == 404:
+            print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
+            return 2
+        raise
+
+    def finished(current: dict[str, Any]) -> int | None:
+        return TERMINAL.get((current.get("status") or {}).get("phase"))
+
+    live = None if args.plain or not console.is_terminal else Live(render_view(obj), console=console,
+                                                                     refresh_per_second=4)
+    last_line = None
+
+    def show(current: dict[str, Any]) -> None:
+        nonlocal last_line
+        if live is not None:
+            live.update(render_view(current))
+        else:
+            line = _plain_line(current)
+            if line != last_line:
+                print(line, flush=True)
+                last_line = line
+
+    if live is not None:
+        live.start()
+    try:
+        show(obj)
+        while finished(obj) is None:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            stream = watch.Watch()
+            timeout = int(min(remaining, 60)) + 1 if remaining is not None else 60
+            for event in stream.stream(api.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                                       field_selector=f"metadata.name={args.name}", timeout_seconds=timeout):
+                if event.get("type") == "DELETED":
+                    print(f"\nColocGRPOJob {namespace}/{args.name} was deleted", file=sys.stderr)
+                    return 1
+                obj = event.get("object") or obj
+                show(obj)
+                if finished(obj) is not None or (deadline is not None and time.monotonic() > deadline):
+                    stream.stop()
+                    break
+    finally:
+        if live is not None:
+            live.stop()
+    code = finished(obj)
+    if code is None:
+        print(f"timed out after {args.timeout:g}s; phase {(obj.get('status') or {}).get('phase')}", file=sys.stderr)
+        return 3
+    if live is None and not args.plain:
+        console.print(render_view(obj))
+    return code
+
+
+def _context_namespace(kubeconfig: str | None) -> str:
+    from kubernetes import config
+
+    try:
+        _, context = config.list_kube_config_contexts(config_file=kubeconfig)
+        return (context or {}).get("context", {}).get("namespace") or "default"
+    except Exception:
+        return "default"

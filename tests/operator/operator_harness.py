@@ -1,0 +1,189 @@
+"""Harness for operator tests against the real local control plane (fixtures: conftest.py).
+
+The operator runs as a real subprocess (`python -m colocgrpo_operator.cli operator`), the way
+the chart runs it, watching only namespaces named `opt-*`; each test gets a fresh `opt-...`
+namespace. Tests assert on the objects the operator produces, never on its log text.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
+NAMESPACE_PATTERN = "opt-*"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class OperatorProcess:
+    """`colocgrpo operator` in a subprocess; start, SIGKILL, restart, stop."""
+
+    def __init__(self, kubeconfig: Path, namespaces: list[str], log_path: Path, recheck_seconds: float = 2):
+        self.kubeconfig = kubeconfig
+        self.namespaces = namespaces
+        self.log_path = log_path
+        self.recheck_seconds = recheck_seconds
+        self.process: subprocess.Popen | None = None
+        self.liveness_port = 0
+        self.metrics_port = 0
+
+    def start(self, timeout: float = 60) -> None:
+        self.liveness_port, self.metrics_port = free_port(), free_port()
+        args = [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={self.kubeconfig}",
+                f"--liveness-port={self.liveness_port}", f"--metrics-port={self.metrics_port}",
+                f"--recheck-seconds={self.recheck_seconds}", "--trainer-image=colocgrpo/trainer:test"]
+        for namespace in self.namespaces:
+            args.append(f"--namespace={namespace}")
+        env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"operator not live after {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.3)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no finalizer removal, mid-whatever-it-was-doing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class Cluster:
+    """Raw-dict access to the objects the tests look at (the operator's own client class)."""
+
+    def __init__(self, handle: Any):
+        from colocgrpo_operator.controller.kube import KubeApi
+
+        self.handle = handle
+        self.api = KubeApi(handle.api_client, field_manager="colocgrpo-tests")
+
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(body)
+        body.setdefault("metadata", {})["namespace"] = namespace
+        return self.api.request("POST", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs",
+                                body=body)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any], subresource: str = "") -> dict[str, Any]:
+        path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return self.api.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.api.request("DELETE", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}")
+
+    def list(self, prefix: str, plural: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        query = {"labelSelector": selector} if selector else None
+        return (self.api.request("GET", f"{prefix}/namespaces/{namespace}/{plural}", query=query) or {}).get("items", [])
+
+    def batch_jobs(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list("/apis/batch/v1", "jobs", namespace, f"colocgrpo.io/job-name={job}")
+
+    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list("/api/v1", "pods", namespace, f"colocgrpo.io/job-name={job}")
+
+    def patch_batch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.api.request("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}", body=patch,
+                                content_type="application/merge-patch+json")
+
+    def events(self, namespace: str) -> list[dict[str, Any]]:
+        return self.list("/api/v1", "events", namespace)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25,
+             on_timeout: Callable[[], str] | None = None) -> Any:
+    """Poll until predicate() is truthy (returns it) or fail with what was last seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    detail = on_timeout() if on_timeout else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{detail}")
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            return item
+    return {}
+
+
+def tiny_job(name: str, **spec_overrides: Any) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml under a new name, with spec sections overridden (merged one level)."""
+    body = yaml.safe_load((REPO / "examples/tiny-cpu.yaml").read_text())
+    body["metadata"] = {"name": name}
+    for section, value in spec_overrides.items():
+        if isinstance(value, dict) and isinstance(body["spec"].get(section), dict):
+            body["spec"][section] = {**body["spec"][section], **value}
+        else:
+            body["spec"][section] = value
+    return body
+
+

@@ -1,0 +1,295 @@
+"""The operator against the real local control plane: real apiserver, controller-manager
+(Job controller, garbage collector), scheduler and KWOK fake nodes. No mocks."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import pytest
+
+from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
+
+from operator_harness import OperatorProcess, condition, tiny_job, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def phase(cluster, namespace, name):
+    return ((cluster.get_job(namespace, name) or {}).get("status") or {}).get("phase")
+
+
+def wait_phase(cluster, namespace, name, wanted, timeout=30, operator=None):
+    wanted = {wanted} if isinstance(wanted, str) else set(wanted)
+    return wait_for(lambda: (obj := cluster.get_job(namespace, name)) and
+                    (obj.get("status") or {}).get("phase") in wanted and obj,
+                    timeout, f"{namespace}/{name} phase in {sorted(wanted)}",
+                    on_timeout=lambda: f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
+                                       + (operator.log_tail() if operator else ""))
+
+
+def running_pod(cluster, namespace, job, index=0, exclude_uid=None, timeout=30):
+    def find():
+        for pod in cluster.pods(namespace, job):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get("batch.kubernetes.io/job-completion-index") != str(index):
+                continue
+            if pod["metadata"]["uid"] == exclude_uid or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if (pod.get("status") or {}).get("phase") == "Running":
+                return pod
+        return None
+
+    return wait_for(find, timeout, f"a running pod of {job} index {index}")
+
+
+def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):
+    ns, name = op_namespace, "life"
+    cluster.create_job(ns, tiny_job(name))
+    running = wait_phase(cluster, ns, name, "Running", operator=operator)
+    status = running["status"]
+    assert condition(running, "SpecValid")["status"] == "True"
+    assert condition(running, "Running")["status"] == "True"
+    assert status["workers"]["active"] == 1
+    assert status["rank0Pod"].startswith(f"{name}-0-")
+    assert status["observedGeneration"] == running["metadata"]["generation"]
+    assert status.get("startTime")
+
+    # Every child exists, labelled, and owned by the job (so deletion cascades).
+    uid = running["metadata"]["uid"]
+    for prefix, plural, child in [("/api/v1", "configmaps", f"{name}-config"), ("/api/v1", "services", name),
+                                  ("/api/v1", "serviceaccounts", f"{name}-trainer"),
+                                  ("/apis/rbac.authorization.k8s.io/v1", "roles", f"{name}-trainer"),
+                                  ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", f"{name}-trainer"),
+                                  ("/apis/batch/v1", "jobs", name)]:
+        obj = cluster.api.request("GET", f"{prefix}/namespaces/{ns}/{plural}/{child}")
+        owners = obj["metadata"].get("ownerReferences") or []
+        assert [o["uid"] for o in owners] == [uid], f"{plural}/{child} owners {owners}"
+
+    # The trainer's progress (written through the status subresource) is never overwritten.
+    progress = {"step": 1, "maxSteps": 2, "metrics": {"reward": 0.5}, "lastUpdateTime": "2026-01-01T00:00:00Z"}
+    cluster.patch_job(ns, name, {"status": {"progress": progress}}, subresource="status")
+    drive_pod_success(kube_cluster.core_v1, ns, status["rank0Pod"])
+    done = wait_phase(cluster, ns, name, "Succeeded", operator=operator)
+    assert condition(done, "Succeeded")["status"] == "True"
+    assert condition(done, "Failed")["status"] == "False"
+    assert done["status"].get("completionTime")
+    assert done["status"]["progress"] == progress
+    reasons = {e.get("reason") for e in cluster.events(ns)
+               if (e.get("involvedObject") or {}).get("kind") == "ColocGRPOJob"}
+    assert {"Running", "Succeeded"} <= reasons, reasons
+    assert operator.alive()
+
+
+def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_namespace):
+    ns, name = op_namespace, "bad"
+    # The CRD accepts this (the schema only says "a string"); the operator's model refuses it.
+    cluster.create_job(ns, tiny_job(name, rewards=[{"function": "no such reward"}]))
+    failed = wait_phase(cluster, ns, name, "Failed", operator=operator)
+    spec_valid = condition(failed, "SpecValid")
+    assert spec_valid["status"] == "False"
+    assert spec_valid["reason"] == "InvalidSpec"
+    assert "spec.rewards[0].function" in spec_valid["message"]
+    assert condition(failed, "Failed")["reason"] == "InvalidSpec"
+    time.sleep(1)
+    assert cluster.batch_jobs(ns, name) == []
+    assert cluster.list("/api/v1", "configmaps", ns, f"colocgrpo.io/job-name={name}") == []
+    events = [e for e in cluster.events(ns) if e.get("reason") == "Failed"]
+    assert any("spec.rewards[0].function" in (e.get("message") or "") for e in events), events
+
+    # Fixing the spec revives the job.
+    cluster.patch_job(ns, name, {"spec": {"rewards": [{"function": "accuracy"}]}})
+    wait_phase(cluster, ns, name, "Running", operator=operator)
+
+
+def test_unschedulable_within_seconds(cluster, operator, op_namespace):
+    ns, name = op_namespace, "huge"
+    started = time.monotonic()
+    cluster.create_job(ns, tiny_job(name, resources={"gpusPerNode": 16, "cpu": "1", "memory": "1Gi"}))
+
+    def unschedulable():
+        obj = cluster.get_job(ns, name)
+        running = condition(obj, "Running")
+        return running.get("reason") == "Unschedulable" and obj
+
+    obj = wait_for(unschedulable, 20, "Running=False/Unschedulable",
+                   on_timeout=lambda: str(cluster.get_job(ns, name)))
+    assert time.monotonic() - started < 20
+    assert obj["status"]["phase"] == "Starting"
+    assert "nvidia.com/gpu" in condition(obj, "Running")["message"]
+
+
+def test_failures_restart_the_gang_then_fail(cluster, kube_cluster, operator, op_namespace):
+    ns, name = op_namespace, "flaky"
+    cluster.create_job(ns, tiny_job(name, runPolicy={"maxRestarts": 1}))
+    first = running_pod(cluster, ns, name)
+    first_job_uid = cluster.batch_jobs(ns, name)[0]["metadata"]["uid"]
+    drive_pod_failure(kube_cluster.core_v1, ns, first["metadata"]["name"], exit_code=1,
+                      message='{"reason": "CUDAOutOfMemory", "message": "tried to allocate 20 GiB"}')
+
+    second = running_pod(cluster, ns, name, exclude_uid=first["metadata"]["uid"], timeout=45)
+    jobs = cluster.batch_jobs(ns, name)
+    assert len(jobs) == 1 and jobs[0]["metadata"]["uid"] != first_job_uid
+    obj = cluster.get_job(ns, name)
+    assert obj["status"]["restarts"] == 1
+    assert obj["status"]["lastFailure"]["reason"] == "CUDAOutOfMemory"
+
+    drive_pod_failure(kube_cluster.core_v1, ns, second["metadata"]["name"], exit_code=137, reason="OOMKilled")
+    failed = wait_phase(cluster, ns, name, "Failed", timeout=30, operator=operator)
+    assert condition(failed, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert condition(failed, "Running")["reason"] == "OOMKilled"
+    assert failed["status"]["restarts"] == 1
+    time.sleep(2)  # a failed job stays failed: no third gang
+    assert len(cluster.batch_jobs(ns, name)) == 1
+    assert phase(cluster, ns, name) == "Failed"
+
+
+def test_eviction_restarts_without_counting(cluster, kube_cluster, operator, op_namespace):
+    ns, name = op_namespace, "evicted"
+    cluster.create_job(ns, tiny_job(name, runPolicy={"maxRestarts": 0}))
+    first = running_pod(cluster, ns, name)
+    evict_pod(kube_cluster.core_v1, ns, first["metadata"]["name"])
+    running_pod(cluster, ns, name, exclude_uid=first["metadata"]["uid"], timeout=45)
+    obj = wait_phase(cluster, ns, name, "Running", operator=operator)
+    assert obj["status"]["restarts"] == 0
+    assert obj["status"]["disruptions"] == 1
+    assert obj["status"]["lastFailure"]["counted"] is False
+
+
+def test_suspend_and_resume(cluster, operator, op_namespace):
+    ns, name = op_namespace, "pausable"
+    cluster.create_job(ns, tiny_job(name))
+    first = running_pod(cluster, ns, name)
+    cluster.patch_job(ns, name, {"spec": {"runPolicy": {"suspend": True}}})
+    suspended = wait_phase(cluster, ns, name, "Suspended", operator=operator)
+    assert condition(suspended, "Suspended")["status"] == "True"
+    assert cluster.batch_jobs(ns, name)[0]["spec"]["suspend"] is True
+    wait_for(lambda: not [p for p in cluster.pods(ns, name) if not p["metadata"].get("deletionTimestamp")],
+             30, "the suspended job's pods to go")
+    cluster.patch_job(ns, name, {"spec": {"runPolicy": {"suspend": False}}})
+    running_pod(cluster, ns, name, exclude_uid=first["metadata"]["uid"])
+    resumed = wait_phase(cluster, ns, name, "Running", operator=operator)
+    assert condition(resumed, "Suspended")["status"] == "False"
+    assert resumed["status"]["restarts"] == 0
+
+
+def test_kueue_admission_is_respected(cluster, operator, op_namespace):
+    ns, name = op_namespace, "queued"
+    cluster.create_job(ns, tiny_job(name, scheduling={"queueName": "team-a"}))
+    queued = wait_phase(cluster, ns, name, "Queued", operator=operator)
+    assert condition(queued, "Queued")["status"] == "True"
+    job = cluster.batch_jobs(ns, name)[0]
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    # Play Kueue: admit by unsuspending. The operator must not suspend it again.
+    cluster.patch_batch_job(ns, name, {"spec": {"suspend": False}})
+    wait_phase(cluster, ns, name, "Running", operator=operator)
+    time.sleep(3)  # more than one re-check period
+    assert cluster.batch_jobs(ns, name)[0]["spec"]["suspend"] is False
+    assert phase(cluster, ns, name) == "Running"
+
+
+def test_active_deadline(cluster, operator, op_namespace):
+    ns, name = op_namespace, "deadline"
+    cluster.create_job(ns, tiny_job(name, runPolicy={"activeDeadlineSeconds": 3}))
+    failed = wait_phase(cluster, ns, name, "Failed", timeout=40, operator=operator)
+    assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_stalled_when_progress_stops(cluster, operator, op_namespace):
+    ns, name = op_namespace, "stuck"
+    cluster.create_job(ns, tiny_job(name, runPolicy={"stallTimeoutSeconds": 3}))
+    wait_phase(cluster, ns, name, "Running", operator=operator)
+    stalled = wait_for(lambda: condition(cluster.get_job(ns, name), "Stalled").get("status") == "True"
+                       and cluster.get_job(ns, name), 20, "Stalled=True")
+    assert condition(stalled, "Stalled")["reason"] == "Stalled"
+    # Progress moves: no longer stalled.
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.patch_job(ns, name, {"status": {"progress": {"step": 1, "lastUpdateTime": now}}}, subresource="status")
+    wait_for(lambda: condition(cluster.get_job(ns, name), "Stalled").get("status") == "False", 10,
+             "Stalled=False after progress")
+
+
+def test_deleting_the_job_removes_every_child(cluster, operator, op_namespace):
+    ns, name = op_namespace, "gone"
+    cluster.create_job(ns, tiny_job(name))
+    running_pod(cluster, ns, name)
+    cluster.delete_job(ns, name)
+    selector = f"colocgrpo.io/job-name={name}"
+
+    def leftovers():
+        found = []
+        for prefix, plural in [("/api/v1", "configmaps"), ("/api/v1", "services"), ("/api/v1", "serviceaccounts"),
+                               ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+                               ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+                               ("/apis/batch/v1", "jobs"), ("/api/v1", "pods")]:
+            found += [f"{plural}/{o['metadata']['name']}" for o in cluster.list(prefix, plural, ns, selector)]
+        return found
+
+    wait_for(lambda: cluster.get_job(ns, name) is None and not leftovers(), 45, "no job and no children",
+             on_timeout=lambda: str(leftovers()))
+
+
+def test_ttl_deletes_finished_job(cluster, kube_cluster, operator, op_namespace):
+    ns, name = op_namespace, "ephemeral"
+    cluster.create_job(ns, tiny_job(name, runPolicy={"ttlSecondsAfterFinished": 2}))
+    pod = running_pod(cluster, ns, name)
+    drive_pod_success(kube_cluster.core_v1, ns, pod["metadata"]["name"])
+    done = wait_phase(cluster, ns, name, "Succeeded", operator=operator)
+    finished_at = time.monotonic()
+    assert done["status"]["completionTime"]
+    wait_for(lambda: cluster.get_job(ns, name) is None, 20, "the TTL to delete the job")
+    assert time.monotonic() - finished_at >= 1  # not before its time (2 s, with 1 s timestamp granularity)
+
+
+def test_operator_killed_mid_reconcile_converges(cluster, kube_cluster, crd_installed, tmp_path):
+    """SIGKILL the operator right after it started creating children; a new one finishes the job."""
+    namespace = kube_cluster.new_namespace("kill")
+    own = OperatorProcess(Path(kube_cluster.kubeconfig), [namespace], tmp_path / "operator.log")
+    try:
+        own.start()
+        names = [f"k{i}" for i in range(5)]
+        for name in names:
+            cluster.create_job(namespace, tiny_job(name))
+        # Kill as soon as the first child appears (some jobs half-done, some untouched).
+        wait_for(lambda: cluster.list("/api/v1", "serviceaccounts", namespace, "colocgrpo.io/job-name"),
+                 30, "the first child", interval=0.05)
+        own.kill()
+        before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in
+                  cluster.list("/apis/batch/v1", "jobs", namespace)}
+        own.start()
+        for name in names:
+            wait_phase(cluster, namespace, name, "Running", timeout=60, operator=own)
+        jobs = cluster.list("/apis/batch/v1", "jobs", namespace)
+        assert sorted(j["metadata"]["name"] for j in jobs) == sorted(names)  # exactly one Job each
+        for job in jobs:
+            if job["metadata"]["name"] in before:  # a Job that existed at the kill was kept, not replaced
+                assert job["metadata"]["uid"] == before[job["metadata"]["name"]]
+        for name in names:
+            assert len([p for p in cluster.pods(namespace, name) if not p["metadata"].get("deletionTimestamp")]) == 1
+            assert cluster.get_job(namespace, name)["status"]["restarts"] == 0
+    finally:
+        own.stop()
+        kube_cluster.delete_namespace(namespace)
+
+
+def test_fifty_jobs_at_once(cluster, operator, op_namespace):
+    ns = op_namespace
+    names = [f"many-{i:02d}" for i in range(50)]
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: cluster.create_job(ns, tiny_job(n)), names))
+
+    def all_running():
+        items = cluster.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{ns}/colocgrpojobs")["items"]
+        phases = [(i.get("status") or {}).get("phase") for i in items]
+        return len(items) == 50 and all(p == "Running" for p in phases)
+
+    wait_for(all_running, 90, "50 jobs Running", interval=1, on_timeout=operator.log_tail)
+    elapsed = time.monotonic() - started
+    assert len(cluster.list("/apis/batch/v1", "jobs", ns)) == 50
+    metrics = operator.metrics()
+    assert "colocgrpo_jobs{phase=\"Running\"}" in metrics
+    assert "colocgrpo_reconcile_duration_seconds_bucket" in metrics
+    print(f"50 jobs Running after {elapsed:.1f}s")
