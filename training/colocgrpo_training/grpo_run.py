@@ -56,9 +56,10 @@ def trainer_class(config: TrainerConfig) -> tuple[type, dict[str, Any]]:
         try:
             from colocgrpo_training.generation import ColocGRPOTrainer
         except ImportError as err:
-            raise InvalidConfigError(
+            # A broken image, not a bad config: classified from the chained ImportError.
+            raise RuntimeError(
                 f"vllm.enabled is true but the vLLM generation wrapper cannot be imported ({err}); "
-                "run CPU jobs with vllm.enabled false"
+                "CPU jobs run with vllm.enabled false"
             ) from err
         return ColocGRPOTrainer, {"generation_settings": config.vllm}
     from trl import GRPOTrainer
