@@ -114,7 +114,7 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
             f"checkpoint {checkpoint} saved, the next run resumes from it"
         )
         print(f"colocgrpo: {message}", flush=True)
-        if trainer.is_world_process_zero():
+        if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
             write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
         return EXIT_TERMINATED
 
