@@ -319,7 +319,8 @@ def load_recipe(text: str) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
 def default_job_name(model_name: str | None) -> str:
     base = (model_name or "grpo").rstrip("/").split("/")[-1].lower()
     slug = re.sub(r"[^a-z0-9]+", "-", base).strip("-")
-    slug = re.sub(r"^[^a-z]+", "", slug) or "job"
+    if not slug or not slug[0].isalpha():
+        slug = f"job-{slug}".rstrip("-")  # DNS-1035: must start with a letter
     return (slug[: MAX_JOB_NAME_LENGTH - 5].rstrip("-") + "-grpo")
 
 

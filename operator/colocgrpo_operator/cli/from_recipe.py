@@ -23,10 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def render_job_yaml(job: dict, notes: list[str], untranslatable: list[str], source: str) -> str:
+def render_job_yaml(job: dict, notes: list[str], untranslatable: list[str]) -> str:
     from colocgrpo_operator.manifest_files import dump_documents
 
-    lines = [f"# Converted by `colocgrpo from-recipe` from {source}."]
+    # No file name or date in the header: converting the same recipe gives the same bytes.
+    lines = ["# Converted by `colocgrpo from-recipe` from a TRL/open-r1 GRPO recipe."]
     if notes:
         lines.append("# Translation notes:")
         lines += [f"#   - {note}" for note in notes]
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         for line in error.lines():
             print(f"invalid job: {line}", file=sys.stderr)
         status = 1
-    output = render_job_yaml(job, report.notes, report.untranslatable, Path(args.recipe).name)
+    output = render_job_yaml(job, report.notes, report.untranslatable)
     if args.output:
         Path(args.output).write_text(output)
     else:
