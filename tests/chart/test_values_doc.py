@@ -1,0 +1,66 @@
+"""values.yaml, values.schema.json and the docs' values table agree."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from helm_chart import CHART, REPO
+
+
+def _values_table_module():
+    spec = importlib.util.spec_from_file_location("values_table", REPO / "charts" / "values_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+values_table = _values_table_module()
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def test_committed_values_table_is_current():
+    document = (REPO / "docs" / "install.md").read_text()
+    assert values_table.with_table(document, values_table.render_table()) == document, (
+        "docs/install.md's values table is stale: run `python charts/values_table.py --write`"
+    )
+
+
+def test_default_values_satisfy_the_schema():
+    jsonschema.validate(VALUES, SCHEMA)
+
+
+def test_schema_rejects_a_misspelt_nested_key():
+    bad = yaml.safe_load((CHART / "values.yaml").read_text())
+    bad["metrics"]["serviceMonitor"]["enable"] = True
+    with pytest.raises(jsonschema.ValidationError, match="'enable' was unexpected"):
+        jsonschema.validate(bad, SCHEMA)
+
+
+def _closed_objects(schema, path=()):
+    if schema.get("type") == "object" and "properties" in schema:
+        yield path, schema
+        for key, sub in schema["properties"].items():
+            yield from _closed_objects(sub, (*path, key))
+
+
+def test_every_object_with_keys_is_closed_and_every_key_described():
+    for path, schema in _closed_objects(SCHEMA):
+        assert schema.get("additionalProperties") is False, f"{'.'.join(path) or '<root>'} accepts unknown keys"
+    documented = {row[0] for row in values_table.rows(SCHEMA, VALUES)}
+    for key, _, _, description in values_table.rows(SCHEMA, VALUES):
+        assert description, f"{key} has no description in values.schema.json"
+    # Every default in values.yaml is documented (a leaf or a documented pass-through object).
+    def leaves(node, path=()):
+        if isinstance(node, dict) and node and ".".join(path) not in documented:
+            for key, sub in node.items():
+                yield from leaves(sub, (*path, key))
+        else:
+            yield ".".join(path)
+
+    assert set(leaves(VALUES)) <= documented
