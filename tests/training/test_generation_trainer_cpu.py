@@ -1,0 +1,104 @@
+"""TRL's real GRPO loop through ColocGRPOTrainer on CPU, with a CPU stand-in for vLLM
+(tests/training/cpu_vllm.py) that really loses weights on a level-2 sleep.
+
+At every generate the engine's weights are compared with the trainer's weights at that
+moment; a deliberately broken push shows the comparison can fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+torch = pytest.importorskip("torch")
+
+
+def _reward(completions, **kwargs):
+    # Varies across completions so advantages (hence gradients) are non-zero.
+    return [float(len(str(c))) / 10.0 for c in completions]
+
+
+def run(tiny_model_dir, tmp_path, monkeypatch, policy: str, steps_per_generation: int | None = None):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from colocgrpo_training.config import VLLMSettings
+    from colocgrpo_training.generation import ColocGRPOTrainer
+
+    import cpu_vllm
+
+    cpu_vllm.install(monkeypatch)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}]} for i in range(16)]
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=steps_per_generation,
+        max_steps=3,
+        max_completion_length=5,
+        learning_rate=0.05,  # large: every step visibly changes the weights
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=3,
+        disable_tqdm=True,
+    )
+    trainer = ColocGRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[_reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        generation_settings=VLLMSettings(sleep_policy=policy),
+    )
+    fresh: list[bool] = []
+    seen_weights: list[torch.Tensor] = []
+
+    def compare(engine_model):
+        trainer_params = dict(trainer.model.named_parameters())
+        fresh.append(
+            all(torch.equal(p, trainer_params[n].detach()) for n, p in engine_model.named_parameters() if n in trainer_params)
+        )
+        seen_weights.append(next(engine_model.parameters()).detach().clone())
+
+    cpu_vllm.GENERATE_HOOKS.append(compare)
+    trainer.train()
+    return trainer, fresh, seen_weights
+
+
+@pytest.mark.parametrize("policy", ["off", "level1", "level2", "auto"])
+def test_every_generate_uses_the_trainers_current_weights(policy, tiny_model_dir, tmp_path, monkeypatch):
+    # steps_per_generation 1 with gradient accumulation 2: two generates per optimizer step.
+    trainer, fresh, seen = run(tiny_model_dir, tmp_path, monkeypatch, policy, steps_per_generation=1)
+    assert len(fresh) == 6 and all(fresh), fresh
+    assert not torch.equal(seen[0], seen[-1]), "the weights never changed: the check would prove nothing"
+    m = trainer.generation_metrics()
+    assert m["generation/generates"] == 6
+    if policy in ("off", "level1"):
+        assert m["generation/pushes"] == 3  # once per weight version (the base is never trusted)
+    if policy == "level2":
+        assert m["generation/pushes"] == 6
+    if policy == "auto":
+        # On this CPU the push is cheap against a level-1 round trip: like level 2, and
+        # never more pushes than generates.
+        assert 3 <= m["generation/pushes"] <= 6
+    if policy != "off":
+        assert m["generation/sleeps_level1"] + m["generation/sleeps_level2"] == 7  # initial + one per generate
+
+
+def test_a_broken_push_is_detected(tiny_model_dir, tmp_path, monkeypatch):
+    from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+
+    original = ColocatedVLLM._push_bucketed
+    calls = []
+
+    def push_only_once(self):
+        calls.append(1)
+        return original(self) if len(calls) == 1 else 0
+
+    monkeypatch.setattr(ColocatedVLLM, "_push_bucketed", push_only_once)
+    _, fresh, _ = run(tiny_model_dir, tmp_path, monkeypatch, "level1", steps_per_generation=1)
+    assert fresh[0] and not all(fresh)
