@@ -1,0 +1,251 @@
+"""Benchmark: apply N (default 500) small ColocGRPOJobs at once; how fast does each get its Job?
+
+Measures, against the local control plane (or any cluster via --kubeconfig):
+- time from each job's create call returning to its batch Job appearing in a watch stream
+  (p50, p90, p99, max) and the total from the first create to the last Job;
+- time until every job's status shows a phase past Pending;
+- the operator's RSS (current and peak, from /proc) at the end;
+- API requests per job: the operator's own handler requests (its request counter), and the
+  apiserver's `apiserver_request_total` delta (all clients, and for colocgrpojobs only).
+
+Usage: python bench/operator_500.py [--count 500] [--kubeconfig FILE] [--suspended] [--keep]
+Results go to stdout as JSON; docs/benchmarks/operator.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "training")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def apiserver_requests(api: Any) -> tuple[float, float]:
+    """(all requests, requests on colocgrpojobs) from the apiserver's own metrics."""
+    _, url, headers, _, _ = api.api_client.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.api_client.call_api("GET", url, header_params=headers)
+    text = response.read().decode()
+    total = cgj = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            value = float(line.rsplit(" ", 1)[1])
+            total += value
+            if 'resource="colocgrpojobs"' in line:
+                cgj += value
+    return total, cgj
+
+
+def job_body(name: str, suspended: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "colocgrpo.io/v1alpha1",
+        "kind": "ColocGRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "/models/tiny", "dtype": "float32"},
+            "dataset": {"name": "/data/arith.jsonl", "promptColumn": "prompt"},
+            "resources": {"nodes": 1, "gpusPerNode": 0, "cpu": "10m", "memory": "16Mi"},
+            "rewards": [{"function": "accuracy"}],
+            "trainerArgs": {"max_steps": 1},
+            "runPolicy": {"suspend": suspended, "maxRestarts": 0},
+        },
+    }
+
+
+class JobWatcher(threading.Thread):
+    """Records when each batch Job is first seen (a watch stream, not polling)."""
+
+    def __init__(self, api: Any, namespace: str):
+        super().__init__(daemon=True)
+        self.api, self.namespace = api, namespace
+        self.first_seen: dict[str, float] = {}
+        self.ready = threading.Event()
+        self.stop = False
+
+    def run(self) -> None:
+        client = self.api.api_client
+        path = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
+        _, url, headers, _, _ = client.param_serialize(
+            "GET", path, query_params=[("watch", "true"), ("timeoutSeconds", "600")], auth_settings=["BearerToken"])
+        response = client.rest_client.pool_manager.request("GET", url, headers=headers, preload_content=False,
+                                                           timeout=None)
+        self.ready.set()
+        buffer = b""
+        for chunk in response.stream(65536):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                name = ((event.get("object") or {}).get("metadata") or {}).get("name")
+                if name and name not in self.first_seen:
+                    self.first_seen[name] = time.monotonic()
+            if self.stop:
+                break
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def operator_metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--kubeconfig", default=None, help="default: start/reuse the local dev cluster")
+    parser.add_argument("--suspended", action="store_true", help="create the jobs suspended (no pods)")
+    parser.add_argument("--threads", type=int, default=8, help="client threads creating jobs")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--keep", action="store_true", help="keep the namespace afterwards")
+    args = parser.parse_args()
+
+    from kubernetes import config
+
+    from colocgrpo_operator.controller.kube import KubeApi
+    from colocgrpo_operator.devcluster import DevCluster
+
+    cluster = DevCluster()
+    kubeconfig = Path(args.kubeconfig) if args.kubeconfig else cluster.up()
+    if args.kubeconfig:
+        cluster = None
+    api = KubeApi(config.new_client_from_config(config_file=str(kubeconfig)), field_manager="colocgrpo-bench")
+    api.api_client.configuration.connection_pool_maxsize = args.threads + 4
+    kubectl = [sys.executable.replace("/python", "/kubectl") if Path(sys.executable.replace("/python", "/kubectl")).exists()
+               else "kubectl", f"--kubeconfig={kubeconfig}"]
+    crd = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
+    subprocess.run([*kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(crd)], check=True,
+                   capture_output=True)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/colocgrpojobs.colocgrpo.io"], check=True,
+                   capture_output=True)
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+
+    live_port, metrics_port = free_port(), free_port()
+    log_path = Path(f"/tmp/{namespace}-operator.log")
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
+    with open(log_path, "wb") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={kubeconfig}",
+             f"--namespace={namespace}", f"--liveness-port={live_port}", f"--metrics-port={metrics_port}",
+             "--log-level=WARNING"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    result: dict[str, Any] = {"count": args.count, "suspended": args.suspended, "namespace": namespace}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{live_port}/healthz", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or operator.poll() is not None:
+                    raise RuntimeError(f"operator did not start; see {log_path}")
+                time.sleep(0.3)
+        time.sleep(1)
+        idle_rss = rss_kib(operator.pid)[0]
+        watcher = JobWatcher(api, namespace)
+        watcher.start()
+        watcher.ready.wait(10)
+        api_before = apiserver_requests(api)
+        op_before = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
+
+        names = [f"bench-{i:04d}" for i in range(args.count)]
+        created: dict[str, float] = {}
+        path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs"
+
+        def create(name: str) -> None:
+            api.request("POST", path, body=job_body(name, args.suspended))
+            created[name] = time.monotonic()
+
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(create, names))
+        creates_done = time.monotonic()
+        while len(watcher.first_seen) < args.count and time.monotonic() - start < args.timeout:
+            time.sleep(0.2)
+        all_jobs = time.monotonic()
+        latencies = [watcher.first_seen[n] - created[n] for n in names if n in watcher.first_seen]
+
+        # Every job's status past Pending (the operator has seen its Job and said so).
+        def statuses_done() -> int:
+            items = api.request("GET", path)["items"]
+            return sum(1 for i in items if (i.get("status") or {}).get("phase") not in (None, "Pending"))
+
+        while statuses_done() < args.count and time.monotonic() - start < args.timeout:
+            time.sleep(1)
+        all_status = time.monotonic()
+        time.sleep(3)  # let in-flight status updates land before counting
+        api_after = apiserver_requests(api)
+        op_after = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
+        rss, peak = rss_kib(operator.pid)
+        watcher.stop = True
+        result.update(
+            jobs_seen=len(latencies),
+            create_calls_seconds=round(creates_done - start, 2),
+            all_jobs_seconds=round(all_jobs - start, 2),
+            all_status_seconds=round(all_status - start, 2),
+            job_latency_p50_seconds=round(percentile(latencies, 50), 3),
+            job_latency_p90_seconds=round(percentile(latencies, 90), 3),
+            job_latency_p99_seconds=round(percentile(latencies, 99), 3),
+            job_latency_max_seconds=round(max(latencies) if latencies else float("nan"), 3),
+            job_latency_mean_seconds=round(statistics.mean(latencies), 3) if latencies else None,
+            operator_rss_idle_mib=round(idle_rss / 1024, 1),
+            operator_rss_mib=round(rss / 1024, 1),
+            operator_rss_peak_mib=round(peak / 1024, 1),
+            operator_handler_requests_per_job=round((op_after - op_before) / args.count, 2),
+            apiserver_requests_per_job_all_clients=round((api_after[0] - api_before[0]) / args.count, 2),
+            apiserver_colocgrpojobs_requests_per_job=round((api_after[1] - api_before[1]) / args.count, 2),
+            cpu_count=os.cpu_count(),
+        )
+    finally:
+        operator.send_signal(signal.SIGTERM)
+        try:
+            operator.wait(30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        if not args.keep:
+            try:
+                api.request("DELETE", f"/api/v1/namespaces/{namespace}")
+            except Exception as error:  # cleanup is best effort
+                print(f"warning: could not delete namespace {namespace}: {error}", file=sys.stderr)
+    print(json.dumps(result, indent=2))
+    ok = result.get("jobs_seen") == args.count
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""`colocgrpo demo` (what `make demo` runs): the whole path on this machine, for real.
+
+1. start (or reuse) the local control plane with fake GPU nodes, install the CRD;
+2. run the operator (a subprocess, exactly `colocgrpo operator`);
+3. apply examples/tiny-cpu.yaml; the operator creates its children and the gang's pod;
+4. the pod sits on a KWOK fake node, which runs no containers, so the job's rendered trainer
+   config (read back from the job's ConfigMap) is run for real on this host as rank 0 — CPU,
+   tiny model, the same `python -m colocgrpo_training --config` entrypoint and progress
+   reporter a pod uses, patching the job's status through KUBECONFIG;
+5. when that run ends, the fake pod is driven to the same end (success, or failure with the
+   trainer's termination message), and the operator reports the outcome;
+6. the operator is stopped; the cluster is left running for `kubectl get cgj`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+NAMESPACE = "colocgrpo-demo"
+JOB_NAME = "tiny-cpu"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="local cluster + operator + the tiny CPU job trained for real")
+    parser.add_argument("--trainer-python", default=os.environ.get("COLOCGRPO_TRAINER_PYTHON"),
+                        help="python of the trainer venv (default: $COLOCGRPO_TRAINER_PYTHON, else the newest "
+                             "~/.cache/colocgrpo/venv-trainer-*)")
+    parser.add_argument("--example", default=None, help="job file (default: examples/tiny-cpu.yaml)")
+    parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
+    parser.set_defaults(func=run)
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def _say(text: str) -> None:
+    print(f"==> {text}", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def find_trainer_python(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("COLOCGRPO_CACHE", Path.home() / ".cache" / "colocgrpo"))
+    candidates = sorted(glob.glob(str(cache / "venv-trainer-*" / "bin" / "python")), key=os.path.getmtime)
+    return Path(candidates[-1]) if candidates else None
+
+
+def _wait(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class DemoRun:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.repo = _repo_root()
+        self.workdir = Path(tempfile.mkdtemp(prefix="colocgrpo-demo-"))
+        self.operator: subprocess.Popen | None = None
+        self.kubeconfig: Path | None = None
+        self.api: Any = None
+        self.core: Any = None
+        self._last_row: str | None = None
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def start_cluster(self) -> None:
+        from colocgrpo_operator.devcluster import DevCluster
+
+        _say("starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, "
+             "scheduler, kwok")
+        self.cluster = DevCluster()
+        self.kubeconfig = self.cluster.up()
+        from kubernetes import client, config
+
+        from colocgrpo_operator.controller.kube import KubeApi
+
+        api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.api = KubeApi(api_client, field_manager="colocgrpo-demo")
+        self.core = client.CoreV1Api(api_client)
+        nodes = self.api.request("GET", "/api/v1/nodes")["items"]
+        gpus = {n["metadata"]["name"]: n["status"]["capacity"].get("nvidia.com/gpu") for n in nodes}
+        _say(f"cluster ready; fake GPU nodes: {', '.join(f'{k} ({v} GPUs)' for k, v in gpus.items())}")
+
+    def install_crd(self) -> None:
+        crd = self.repo / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
+        _say(f"installing the CRD ({crd.relative_to(self.repo)})")
+        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/colocgrpojobs.colocgrpo.io")
+
+    def start_operator(self) -> None:
+        port = _free_port()
+        log_path = self.workdir / "operator.log"
+        _say(f"starting the operator (log: {log_path})")
+        env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")
+        with open(log_path, "wb") as log:
+            self.operator = subprocess.Popen(
+                [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={self.kubeconfig}",
+                 f"--namespace={NAMESPACE}", f"--liveness-port={port}", "--metrics-port=0", "--recheck-seconds=5"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.repo,
+            )
+
+        def live() -> bool:
+            if self.operator.poll() is not None:
+                raise RuntimeError(f"the operator exited ({self.operator.returncode}); see {log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        _wait(live, 60, "the operator's liveness probe")
+
+    def ensure_tiny_model(self, trainer_python: Path, model_path: str) -> None:
+        if (Path(model_path) / "config.json").is_file():
+            _say(f"tiny model present at {model_path}")
+            return
+        _say(f"building the tiny random model at {model_path}")
+        subprocess.run([str(trainer_python), "-m", "colocgrpo_training.tiny_model", model_path], check=True,
+                       cwd=self.repo, env=self._trainer_env())
+
+    def apply_job(self, body: dict[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs"
+        try:
+            self.api.request("DELETE", f"{path}/{JOB_NAME}")
+            _say("removing the previous demo run's job")
+            _wait(lambda: not self._get_job(), 60, "the previous job to be deleted")
+            _wait(lambda: not self._children(), 60, "the previous job's children to be garbage-collected")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        _say(f"applying examples/tiny-cpu.yaml as {NAMESPACE}/{JOB_NAME}")
+        body = dict(body, metadata={"name": JOB_NAME, "namespace": NAMESPACE})
+        self.api.request("POST", path, body=body)
+
+    def _children(self) -> list[dict[str, Any]]:
+        query = {"labelSelector": f"colocgrpo.io/job-name={JOB_NAME}"}
+        return (self.api.request("GET", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", query=query) or {})["items"]
+
+    def _get_job(self) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs/{JOB_NAME}")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def show_row(self, force: bool = False) -> dict[str, Any] | None:
+        """One `kubectl get cgj`-like line whenever phase, step or reward changes."""
+        obj = self._get_job()
+        if obj is None:
+            return None
+        status = obj.get("status") or {}
+        progress = status.get("progress") or {}
+        reward = (progress.get("metrics") or {}).get("reward")
+        row = (f"   {JOB_NAME:<10} phase={status.get('phase', '-'):<11} step={progress.get('step', '-')}/"
+               f"{progress.get('maxSteps', '-')}  reward={'-' if reward is None else f'{reward:.4f}'}  "
+               f"{status.get('message', '')}")
+        if force or row != self._last_row:
+            print(row, flush=True)
+            self._last_row = row
+        return obj
+
+    def wait_for_phase(self, phases: set[str], timeout: float) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            obj = self.show_row()
+            return obj if obj and (obj.get("status") or {}).get("phase") in phases else None
+
+        return _wait(reached, timeout, f"phase {sorted(phases)}")
+
+    def rank0_pod(self) -> str:
+        return (self._get_job() or {}).get("status", {}).get("rank0Pod")
+
+    def host_config(self) -> Path:
+        """The job's grpo.yaml exactly as the operator rendered it into the ConfigMap, with the two
+        paths that only make sense inside a pod moved to this host."""
+        import yaml
+
+        config_map = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{JOB_NAME}-config")
+        config = yaml.safe_load(config_map["data"]["grpo.yaml"])
+        config["checkpoint"]["dir"] = str(self.workdir / "checkpoints")  # /checkpoints is the pod's volume
+        config.setdefault("progress", {})["min_interval_seconds"] = 0.5  # show every step of a 2-step demo
+        path = self.workdir / "grpo.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _trainer_env(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")
+        env.update(KUBECONFIG=str(self.kubeconfig or ""), COLOCGRPO_TERMINATION_LOG=str(self.workdir / "termination-log"),
+                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                   OMP_NUM_THREADS="2", PYTHONUNBUFFERED="1")
+        return env
+
+    def train_on_host(self, trainer_python: Path, config_path: Path) -> int:
+        log_path = self.workdir / "trainer.log"
+        _say(f"running rank 0 on this host: {trainer_python} -m colocgrpo_training --config {config_path}")
+        _say(f"(trainer log: {log_path}; progress below is read back from the job's status)")
+        with open(log_path, "wb") as log:
+            trainer = subprocess.Popen([str(trainer_python), "-m", "colocgrpo_training", "--config", str(config_path)],
+                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.repo, env=self._trainer_env())
+            deadline = time.monotonic() + self.args.timeout
+            while trainer.poll() is None:
+                if time.monotonic() > deadline:
+                    trainer.send_signal(signal.SIGTERM)
+                    trainer.wait(60)
+                    break
+                self.show_row()
+                time.sleep(1)
+        self.show_row()
+        if trainer.returncode:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            print(f"   trainer exited with {trainer.returncode}; last lines:\n{tail}", flush=True)
+        return trainer.returncode
+
+    def finish_fake_pod(self, exit_code: int) -> None:
+        from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success
+
+        pod = self.rank0_pod()
+        if exit_code == 0:
+            _say(f"host run succeeded: driving fake pod {pod} to Succeeded")
+            drive_pod_success(self.core, NAMESPACE, pod)
+            return
+        message_file = self.workdir / "termination-log"
+        message = message_file.read_text()[:4096] if message_file.is_file() else ""
+        _say(f"host run failed: driving fake pod {pod} to Failed with the trainer's termination message")
+        drive_pod_failure(self.core, NAMESPACE, pod, exit_code=exit_code or 1, message=message)
+
+    def stop_operator(self) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.send_signal(signal.SIGTERM)
+            try:
+                self.operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait()
+            _say("operator stopped")
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    demo = DemoRun(args)
+    trainer_python = find_trainer_python(args.trainer_python)
+    if trainer_python is None or not trainer_python.is_file():
+        print("error: no trainer venv found (it holds torch and TRL for the host run); build it with "
+              "`make trainer-venv` or pass --trainer-python", file=sys.stderr)
+        return 2
+    example = Path(args.example) if args.example else demo.repo / "examples/tiny-cpu.yaml"
+    body = yaml.safe_load(example.read_text())
+    try:
+        demo.start_cluster()
+        demo.install_crd()
+        demo.start_operator()
+        demo.ensure_tiny_model(trainer_python, body["spec"]["model"]["name"])
+        demo.apply_job(body)
+        _say("waiting for the operator: children created, gang pod scheduled on a fake GPU node")
+        demo.wait_for_phase({"Running", "Failed"}, 120)
+        pod = demo.rank0_pod()
+        print(f"   NOTE: pod {pod} runs on a KWOK fake node, and fake nodes run no containers.\n"
+              f"   The trainer runs for real on this host instead, as rank 0, from the config the operator "
+              f"rendered.", flush=True)
+        code = demo.train_on_host(trainer_python, demo.host_config())
+        demo.finish_fake_pod(code)
+        final = demo.wait_for_phase({"Succeeded", "Failed"}, 60)
+        phase = final["status"]["phase"]
+        print(demo.cluster.kubectl("get", "cgj", "-n", NAMESPACE, check=False).stdout, flush=True)
+        _say(f"final phase: {phase}")
+    except (TimeoutError, RuntimeError, subprocess.CalledProcessError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        demo.stop_operator()
+    print(f"The cluster is still running. Look around:\n"
+          f"   export KUBECONFIG={demo.kubeconfig}\n"
+          f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {JOB_NAME} -n {NAMESPACE}\n"
+          f"Stop it with: colocgrpo dev cluster down   (or: python -m colocgrpo_operator.cli dev cluster down)",
+          flush=True)
+    return 0 if phase == "Succeeded" else 1
