@@ -8,10 +8,18 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("crd", help="print the ColocGRPOJob CRD as YAML")
+    parser.add_argument(
+        "--reference", action="store_true", help="print the Markdown field reference (docs/api.md) instead"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.reference:
+        from colocgrpo_operator.api.reference import field_reference_markdown
+
+        sys.stdout.write(field_reference_markdown())
+        return 0
     from colocgrpo_operator.api.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
