@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,6 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
                         help="watch only this namespace (repeatable; glob patterns allowed); default: all")
+    parser.add_argument("--all-namespaces", "-A", action="store_true",
+                        help="watch every namespace (the default without --namespace; explicit for charts)")
     parser.add_argument("--trainer-image", default=None,
                         help="trainer image for jobs without spec.image")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0: off)")
@@ -29,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.controller import settings as operator_settings
+
+    if args.all_namespaces and args.namespace:
+        print("error: --all-namespaces and --namespace exclude each other", file=sys.stderr)
+        return 2
 
     # The startup handler reads its configuration from the environment, so the same handlers
     # serve `colocgrpo operator`, `kopf run -m colocgrpo_operator.controller.handlers` and tests.
