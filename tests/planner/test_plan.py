@@ -50,14 +50,14 @@ def test_seed_job_fits_with_numbers():
     plan = plan_from_spec(seed_spec())
     assert plan.fits, plan.problems
     assert plan.gpu_memory_gib == DEFAULT_GPU_MEMORY_GIB
-    # vLLM's reservation is a fraction of the WHOLE GPU: 0.35 x 140.4 GiB = 49.14 GiB
-    assert plan.per_gpu_vllm_gib == pytest.approx(0.35 * 140.4, abs=0.01)
+    # vLLM's reservation is a fraction of the WHOLE GPU: 0.35 x 139.8 GiB = 48.93 GiB
+    assert plan.per_gpu_vllm_gib == pytest.approx(0.35 * 139.8, abs=0.01)
     # model states: 18 x 14,770,033,664 / 8 bytes = 30.95 GiB, all kept on the GPU while vLLM generates
     p = 14_770_033_664
     assert term(plan, "training", "optimizer") == 12 * p // 8
     assert term(plan, "generation", "trainer optimizer") == 12 * p // 8
     # generation peak = reservation + states (2+4+12 bytes/param / 8) + CUDA context
-    expected_generation = int(0.35 * int(140.4 * GIB)) + (2 * p // 8 + 4 * p // 8) + 12 * p // 8 + f.CUDA_CONTEXT_BYTES
+    expected_generation = int(0.35 * int(139.8 * GIB)) + (2 * p // 8 + 4 * p // 8) + 12 * p // 8 + f.CUDA_CONTEXT_BYTES
     assert plan.per_gpu_generation_gib == pytest.approx(expected_generation / GIB)
     # engine batch: 16 per device x TP 4 x 4 steps per generation = 256 sequences of 1536 tokens,
     # KV 49,152 B/token -> 256 x 1536 x 49,152 = 19,327,352,832 B = 18.0 GiB
@@ -65,7 +65,7 @@ def test_seed_job_fits_with_numbers():
     # the recommendation sizes vLLM for that batch and stays below what the trainer leaves
     low, high = plan.utilization_range
     assert low <= plan.recommended_gpu_memory_utilization <= high
-    assert plan.recommended_gpu_memory_utilization * 140.4 >= plan.vllm_needed_gib
+    assert plan.recommended_gpu_memory_utilization * 139.8 >= plan.vllm_needed_gib
     assert plan.recommended_gpu_memory_utilization < 0.35  # the seed over-provisions vLLM
     assert not plan.warnings
 
@@ -79,7 +79,7 @@ def test_72b_on_one_gpu_does_not_fit_and_names_the_term():
     # optimizer states alone: 12 x 72.7e9 bytes = 812.6 GiB
     assert "largest term: optimizer states" in text and "812.6 GiB" in text
     assert "GiB over" in text
-    # vLLM's weights alone (2 x 72.7e9 = 135.4 GiB) exceed a 0.3 x 140.4 = 42.1 GiB reservation
+    # vLLM's weights alone (2 x 72.7e9 = 135.4 GiB) exceed a 0.3 x 139.8 = 41.9 GiB reservation
     assert "vLLM does not fit in its reservation" in text and "135.4 GiB" in text
     assert plan.recommended_gpu_memory_utilization is None
 
@@ -87,7 +87,7 @@ def test_72b_on_one_gpu_does_not_fit_and_names_the_term():
 def test_sleep_makes_vllm_and_training_non_additive_but_not_states():
     asleep = plan_from_spec(seed_spec(sleepPolicy="level2"))
     awake = plan_from_spec(seed_spec(sleepPolicy="off"))
-    budget = int(0.35 * int(140.4 * GIB))
+    budget = int(0.35 * int(139.8 * GIB))
     residual = f.vllm_sleep_residual_bytes(4)  # TP 4: CUDA graphs + NCCL, 1.5 GiB
     assert (awake.per_gpu_training_gib - asleep.per_gpu_training_gib) * GIB == pytest.approx(budget - residual)
     # the generation phase holds the trainer states either way
@@ -108,14 +108,14 @@ def test_too_high_utilization_does_not_fit_in_generation():
     plan = plan_from_spec(seed_spec(gpuMemoryUtilization=0.9))
     assert not plan.fits
     (problem,) = plan.problems
-    # 0.9 x 140.4 = 126.4 GiB + 30.9 GiB states + 0.75 GiB context > 140.4 GiB
+    # 0.9 x 139.8 = 125.8 GiB + 30.9 GiB states + 0.75 GiB context > 139.8 GiB
     assert problem.startswith("generation phase needs") and "lower gpuMemoryUtilization to" in problem
 
 
 def test_too_low_utilization_cannot_start_vllm():
     plan = plan_from_spec(seed_spec(gpuMemoryUtilization=0.05))
     assert not plan.fits
-    # 0.05 x 140.4 = 7.0 GiB < weights/TP 6.9 + activations + CUDA graphs 1.5 + one 1536-token sequence
+    # 0.05 x 139.8 = 7.0 GiB < weights/TP 6.9 + activations + CUDA graphs 1.5 + one 1536-token sequence
     assert any("vLLM does not fit in its reservation" in p and "use at least" in p for p in plan.problems)
 
 

@@ -22,9 +22,9 @@ from colocgrpo_training.planner.shapes import (
     shape_from_config,
 )
 
-# nvidia-smi on an H200 SXM reports 143771 MiB = 140.4 GiB ("141 GB" on the datasheet); vLLM's
-# gpu_memory_utilization multiplies torch's total_memory, which is this number.
-DEFAULT_GPU_MEMORY_GIB = 140.4
+# H200 ("141 GB" on the datasheet; nvidia-smi: 143771 MiB): torch's total_memory, which vLLM's
+# gpu_memory_utilization multiplies, is 150,109,880,320 bytes = 139.8 GiB (measured, torch 2.11 / CUDA 13).
+DEFAULT_GPU_MEMORY_GIB = 139.8
 GPU_MEMORY_ANNOTATION = "colocgrpo.io/gpu-memory-gib"
 
 # TRL 1.16 / transformers defaults for the GRPOConfig arguments the plan depends on.
