@@ -123,13 +123,12 @@ NAMESPACED_RULES = {
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 CRD_DISCOVERY = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
-NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
 
 
 def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
     objects = render_chart()
     role = one(objects, "ClusterRole")
-    assert _rules(role) == {**NAMESPACED_RULES, **CRD_DISCOVERY, **NAMESPACE_OBSERVATION}
+    assert _rules(role) == {**NAMESPACED_RULES, **CRD_DISCOVERY}
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}]
@@ -141,7 +140,7 @@ def test_no_rule_grants_secrets_exec_logs_wildcards_or_crd_writes(render_chart):
         for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes"} & set(rule["resources"])
+                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes", "namespaces"} & set(rule["resources"])
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
             crd = _rules(role).get(("apiextensions.k8s.io", "customresourcedefinitions"), set())
             assert crd <= {"get", "list", "watch"}
