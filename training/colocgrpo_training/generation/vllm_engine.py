@@ -200,6 +200,20 @@ class ColocatedVLLM(VLLMGeneration):
         # In-process with external_launcher: the same path TRL 1.16 uses.
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
 
+    def set_policy(self, policy: SleepPolicy | str) -> None:
+        """Switch the sleep policy at run time (tests, benchmarks: one engine per process).
+        Wakes the engine with the current weights first, so the new record starts true."""
+        policy = SleepPolicy(policy)
+        if policy is not SleepPolicy.OFF and self.sleep_policy is SleepPolicy.OFF:
+            raise ValueError("the engine was built without sleep mode; build it with a sleeping policy")
+        version = self.weight_version()
+        self.controller.prepare(self, version)
+        self.controller = SleepController(
+            policy, self.controller.costs, state=EngineState(held_version=version), agree=self._agree_max
+        )
+        self.sleep_policy = policy
+        self.controller.initial_sleep(self)
+
     # -- TRL's entry points --------------------------------------------------------------
     def sync_weights(self) -> None:
         """TRL calls this when the global step changed; the push happens at the next
