@@ -31,13 +31,17 @@ RECHECK_SECONDS = float(os.environ.get(_settings.ENV_ACTIVE_INTERVAL, "10"))
 # ----------------------------------------------------------------------------- indices
 
 
+# Indexers are async (though they never await) because kopf runs sync callbacks in its thread
+# pool: a thread hop per watch event would dominate the operator's CPU with hundreds of jobs.
+
+
 @kopf.index(*RESOURCE)
-def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+async def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
     return {(namespace, name): job_resource_snapshot(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
-def batch_jobs_by_owner(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body,
+async def batch_jobs_by_owner(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body,
                         **_: Any) -> dict[Key, dict[str, Any]] | None:
     # Only the Job named after its ColocGRPOJob is the gang.
     if labels.get(JOB_NAME_LABEL) != name:
@@ -46,7 +50,7 @@ def batch_jobs_by_owner(namespace: str, name: str, labels: kopf.Labels, body: ko
 
 
 @kopf.index("v1", "pods", labels=CHILD_LABELS)
-def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
     return {(namespace, labels[JOB_NAME_LABEL]): pod_snapshot(body)}
 
 
@@ -104,7 +108,7 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, lo
 
 
 @kopf.on.event(*RESOURCE)
-def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Forget a deleted job (caches, phase gauge); everything else is handled above."""
     if type == "DELETED":
         _reconciler(memo).forget((namespace, name))

@@ -204,15 +204,16 @@ class Reconciler:
         if ensure_children and desired.get("phase") not in derive.TERMINAL_PHASES:
             await self._blocking(self._apply_children, cr, parsed)
 
-        # Record before acting: a restart is counted in status before the Job is deleted.
-        await self._write_status(key, cr, previous, desired)
-
         action = assessment.action
         if action is derive.Action.CREATE_JOB:
             created = await self._blocking(self._create_job, cr, parsed, desired, now)
             if created:
                 self.logger.info("created the gang's batch Job %s/%s", *key)
-        elif action is derive.Action.RESTART_GANG and job is not None:
+            await self._write_status(key, cr, previous, desired)
+            return
+        # Record before acting: a restart is counted in status before the failed Job is deleted.
+        await self._write_status(key, cr, previous, desired)
+        if action is derive.Action.RESTART_GANG and job is not None:
             uid = (job.get("metadata") or {}).get("uid")
             deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], "Foreground", uid)
             if deleted and assessment.failure is not None:

@@ -1,0 +1,142 @@
+"""Cluster-free parts of the operator and its CLI: spec parsing, status patches, snapshots, views."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from colocgrpo_operator.cli.logs import pick_pod
+from colocgrpo_operator.cli.watch import render_view
+from colocgrpo_operator.controller.reconciler import ParsedSpec, Reconciler, _status_patch
+from colocgrpo_operator.controller.snapshots import batch_job_snapshot, job_resource_snapshot, pod_snapshot
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny() -> dict:
+    body = yaml.safe_load((REPO / "examples/tiny-cpu.yaml").read_text())
+    body["metadata"].update(namespace="ns", uid="uid-1", generation=3)
+    return body
+
+
+def test_parsed_spec_builds_run_facts():
+    body = tiny()
+    body["spec"]["runPolicy"] = {"maxRestarts": 2, "stallTimeoutSeconds": 60, "suspend": True}
+    body["spec"]["scheduling"] = {"queueName": "q"}
+    parsed = ParsedSpec(body)
+    assert parsed.problems == []
+    facts = parsed.facts
+    assert (facts.nodes, facts.gpus_per_node, facts.max_restarts, facts.suspend, facts.queue_name,
+            facts.stall_timeout_seconds, facts.generation) == (1, 0, 2, True, "q", 60, 3)
+    assert parsed.plan_warning is None  # CPU job: no memory plan
+
+
+def test_parsed_spec_ignores_status_garbage_but_names_spec_fields():
+    body = tiny()
+    body["status"] = {"phase": 17, "conditions": "nonsense"}
+    assert ParsedSpec(body).problems == []
+    body["spec"]["rewards"] = [{"function": "not a reward"}]
+    problems = ParsedSpec(body).problems
+    assert [path for path, _ in problems] == ["spec.rewards[0].function"]
+
+
+def test_gpu_job_gets_a_plan_condition_input():
+    body = tiny()
+    body["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 8}
+    body["spec"]["model"] = {"name": "Qwen/Qwen2.5-7B-Instruct"}
+    warn = ParsedSpec(body).plan_warning
+    assert warn is not None and isinstance(warn[0], bool) and warn[1] and warn[2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(garbage=st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                            max_leaves=15),
+       field=st.sampled_from(["spec", "model", "dataset", "resources", "rewards", "runPolicy", "trainerArgs",
+                              "scheduling", "vllm", "metadata"]))
+def test_garbage_specs_are_refused_with_field_paths_never_raised(garbage, field):
+    body = tiny()
+    if field == "spec":
+        body["spec"] = garbage
+    elif field == "metadata":
+        body["metadata"]["labels"] = garbage
+    else:
+        body["spec"][field] = garbage
+    parsed = ParsedSpec(body)
+    assert (parsed.job is None) == bool(parsed.problems)
+    for path, message in parsed.problems:
+        assert isinstance(path, str) and isinstance(message, str)
+
+
+def test_rendered_children_are_adopted_and_namespaced():
+    body = tiny()
+    children = Reconciler(kube=None, default_image="img:1", executor=None, logger=None)._render(ParsedSpec(body), body)
+    kinds = [c["kind"] for c in children]
+    assert kinds.count("Job") == 1
+    for child in children:
+        assert child["metadata"]["namespace"] == "ns"
+        assert child["metadata"]["labels"]["colocgrpo.io/job-name"] == "tiny-cpu"
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner["uid"] == "uid-1" and owner["controller"] is True
+
+
+def test_status_patch_nulls_removed_keys_and_never_touches_progress():
+    current = {"phase": "Running", "rank0Pod": "p-0", "progress": {"step": 3}}
+    desired = {"phase": "Restarting"}
+    assert _status_patch(current, desired) == {"phase": "Restarting", "rank0Pod": None}
+    assert "progress" not in _status_patch(current, dict(desired, progress={"step": 0}))
+
+
+def test_snapshots_keep_what_status_needs_and_detach():
+    pod = {
+        "metadata": {"name": "p", "uid": "u", "labels": {"batch.kubernetes.io/job-completion-index": "0", "x": "y"},
+                     "ownerReferences": [{"uid": "j", "kind": "Job", "name": "demo", "controller": True}],
+                     "managedFields": [{"huge": True}]},
+        "spec": {"nodeName": "n", "containers": [{"name": "trainer"}]},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]},
+    }
+    snap = pod_snapshot(pod)
+    assert "managedFields" not in snap["metadata"] and "containers" not in snap["spec"]
+    assert snap["metadata"]["labels"] == {"batch.kubernetes.io/job-completion-index": "0"}
+    pod["status"]["phase"] = "Failed"
+    assert snap["status"]["phase"] == "Running"
+    job = batch_job_snapshot({"metadata": {"name": "demo", "uid": "j"}, "spec": {"suspend": True, "template": {}},
+                              "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    assert job["spec"] == {"suspend": True} and job["status"]["conditions"][0]["type"] == "Complete"
+    body = tiny()
+    body["metadata"]["annotations"] = {"colocgrpo.io/last-handled-configuration": "{...}",
+                                       "colocgrpo.io/gpu-memory-gib": "80", "team": "a"}
+    cr = job_resource_snapshot(copy.deepcopy(body))
+    assert cr["metadata"]["annotations"] == {"colocgrpo.io/gpu-memory-gib": "80", "team": "a"}
+
+
+def test_watch_view_shows_phase_step_reward_and_conditions():
+    obj = {"metadata": {"name": "demo", "namespace": "ns"},
+           "status": {"phase": "Running", "message": "2/2 workers running", "restarts": 1,
+                      "progress": {"step": 5, "maxSteps": 10, "metrics": {"reward": 0.625}},
+                      "conditions": [{"type": "Stalled", "status": "True", "reason": "Stalled", "message": "no progress"}]}}
+    console = Console(record=True, width=120)
+    console.print(render_view(obj))
+    text = console.export_text()
+    for expected in ("ns/demo", "Running", "step 5/10", "reward 0.625", "Stalled", "restarts 1"):
+        assert expected in text, (expected, text)
+
+
+def test_logs_picks_the_newest_live_pod_of_the_rank():
+    def pod(name, index, created, deleting=False):
+        meta = {"name": name, "creationTimestamp": created,
+                "labels": {"batch.kubernetes.io/job-completion-index": str(index)}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:09Z"
+        return {"metadata": meta}
+
+    pods = [pod("old", 1, "2026-01-01T00:00:01Z"), pod("new", 1, "2026-01-01T00:00:05Z"),
+            pod("dying", 1, "2026-01-01T00:00:08Z", deleting=True), pod("zero", 0, "2026-01-01T00:00:02Z")]
+    assert pick_pod(pods, 1)["metadata"]["name"] == "new"
+    assert pick_pod(pods, 0)["metadata"]["name"] == "zero"
+    assert pick_pod(pods, 2) is None
