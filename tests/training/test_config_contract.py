@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +95,7 @@ def test_every_example_job_renders_to_a_config_the_trainer_accepts(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_cpu_example_trains_through_the_rendered_config(tmp_path, tiny_model_dir):
+def test_tiny_cpu_example_trains_through_the_rendered_config(tmp_path, tiny_model_dir, trainer_env):
     """The demo's job: render examples/tiny-cpu.yaml, point it at a tiny model, train on CPU."""
     obj = dict(example_jobs())["tiny-cpu.yaml"]
     config = rendered(obj, tmp_path)
@@ -106,9 +105,7 @@ def test_tiny_cpu_example_trains_through_the_rendered_config(tmp_path, tiny_mode
     config.progress.patch_status = False
     path = tmp_path / "grpo.yaml"
     path.write_text(config.to_yaml())
-    env = {**os.environ, "COLOCGRPO_TERMINATION_LOG": str(tmp_path / "term"), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
-    env.pop("KUBECONFIG", None)
+    env = trainer_env(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "colocgrpo_training", "--config", str(path)],
         cwd=REPO, capture_output=True, text=True, env=env, timeout=300,

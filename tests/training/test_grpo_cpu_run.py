@@ -8,7 +8,6 @@ is skipped); and SIGTERM saves a checkpoint and exits 143 with a termination mes
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -64,20 +63,6 @@ def write_config(workdir: Path, model_dir: Path, *, max_steps: int, save_steps: 
     return path
 
 
-def trainer_env(workdir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        COLOCGRPO_TERMINATION_LOG=str(workdir / "termination-log"),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(workdir / "hf-datasets"),
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("KUBECONFIG", None)
-    return env
-
-
 def progress_lines(stdout: str) -> list[dict]:
     return [json.loads(line)["progress"] for line in stdout.splitlines() if line.startswith('{"progress"')]
 
@@ -86,7 +71,7 @@ def global_step(checkpoint: Path) -> int:
     return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
 
 
-def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir):
+def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir, trainer_env):
     config = write_config(tmp_path, tiny_model_dir, max_steps=2, save_steps=1)
     first = subprocess.run(
         [sys.executable, "-m", "colocgrpo_training", "--config", str(config)],
@@ -130,7 +115,7 @@ def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir):
     assert (checkpoints / "checkpoint-3" / COMPLETE_MARKER).is_file()
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir):
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir, trainer_env):
     config = write_config(tmp_path, tiny_model_dir, max_steps=500, save_steps=None)
     process = subprocess.Popen(
         [sys.executable, "-m", "colocgrpo_training", "--config", str(config)],
