@@ -84,7 +84,7 @@ def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir, trainer_env)
     assert global_step(checkpoints / "checkpoint-2") == 2
 
     reports = progress_lines(first.stdout)
-    assert sorted({r["step"] for r in reports}) == [1, 2]
+    assert sorted({r["step"] for r in reports}) == [0, 1, 2]  # 0: reported when training begins
     assert all(r["maxSteps"] == 2 for r in reports)
     last = reports[-1]
     assert {"reward", "kl", "loss", "completion_length", "step_time_seconds"} <= set(last["metrics"])
@@ -110,7 +110,7 @@ def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir, trainer_env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming from {checkpoints / 'checkpoint-2'}" in second.stderr
     assert "skipping incomplete checkpoint" in second.stderr
-    assert sorted({r["step"] for r in progress_lines(second.stdout)}) == [3]
+    assert sorted({r["step"] for r in progress_lines(second.stdout)}) == [2, 3]  # begins at the resumed step
     assert global_step(checkpoints / "checkpoint-3") == 3
     assert (checkpoints / "checkpoint-3" / COMPLETE_MARKER).is_file()
 

@@ -174,6 +174,11 @@ class ProgressReporter(TrainerCallback):
 
     # -- callback hooks -------------------------------------------------------------------
 
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        # Tells the operator early that training started (and where a resumed run stands).
+        if state.is_world_process_zero:
+            self.report(state, final=False)
+
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         self._step_started = self.clock()
 
