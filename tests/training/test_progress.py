@@ -1,0 +1,151 @@
+"""The progress reporter against a real kube-apiserver: it patches only status.progress,
+rate-limits, always sends the final step, and survives an unreachable API."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from colocgrpo_training.config import JobRef, ProgressSettings
+from colocgrpo_training.progress import GROUP, PLURAL, VERSION, ProgressReporter, StatusPatcher, progress_metrics
+
+pytestmark = pytest.mark.trainer
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "charts" / "colocgrpo-operator" / "crds" / "colocgrpojobs.colocgrpo.io.yaml"
+EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+
+
+def trainer_state(step: int, max_steps: int):
+    from transformers import TrainerState
+
+    return TrainerState(global_step=step, max_steps=max_steps)
+
+
+def training_args(tmp_path):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+
+
+def example_job() -> dict:
+    if EXAMPLE.exists():
+        docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if isinstance(d, dict)]
+        return next(d for d in docs if d.get("kind") == "ColocGRPOJob")
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ColocGRPOJob",
+        "metadata": {"name": "tiny-cpu"},
+        "spec": {
+            "model": {"name": "/models/tiny", "dtype": "float32"},
+            "dataset": {"name": "/data/train.jsonl"},
+            "resources": {"gpusPerNode": 0},
+            "rewards": [{"function": "format"}],
+        },
+    }
+
+
+@pytest.fixture
+def custom_objects(kube_cluster):
+    from kubernetes import client
+
+    kube_cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
+    return client.CustomObjectsApi(kube_cluster.api_client)
+
+
+@pytest.fixture
+def job_ref(custom_objects, namespace) -> JobRef:
+    body = example_job()
+    body["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
+    custom_objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    return JobRef(name=body["metadata"]["name"], namespace=namespace)
+
+
+def read_status(custom_objects, job: JobRef) -> dict:
+    obj = custom_objects.get_namespaced_custom_object(GROUP, VERSION, job.namespace, PLURAL, job.name)
+    return obj.get("status") or {}
+
+
+def test_patch_writes_progress_and_keeps_the_operators_status(custom_objects, job_ref):
+    # The operator owns phase/conditions; a merge patch of status.progress must leave them alone.
+    custom_objects.patch_namespaced_custom_object_status(
+        GROUP, VERSION, job_ref.namespace, PLURAL, job_ref.name, {"status": {"phase": "Running"}}
+    )
+    patcher = StatusPatcher(job_ref, custom_objects)
+    progress = {
+        "step": 3,
+        "maxSteps": 10,
+        "metrics": {"reward": 0.25, "kl": 0.01, "loss": 0.5, "completion_length": 7.5, "step_time_seconds": 1.2},
+        "lastUpdateTime": "2026-12-02T10:00:00Z",
+        "lastCheckpoint": "/checkpoints/tiny/checkpoint-3",
+    }
+    assert patcher.patch(progress) is True
+    status = read_status(custom_objects, job_ref)
+    assert status["phase"] == "Running"
+    assert status["progress"] == progress
+
+
+def test_reporter_uses_kubeconfig_rate_limits_and_always_sends_the_final_step(
+    custom_objects, job_ref, kube_cluster, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig))
+    stream = io.StringIO()
+    reporter = ProgressReporter.from_settings(job_ref, ProgressSettings(min_interval_seconds=3600))
+    assert reporter.patcher is not None, "KUBECONFIG should give the reporter an API client"
+    reporter.stream = stream
+    args = training_args(tmp_path)
+    logs = {"loss": 0.5, "reward": 0.1, "kl": 0.0, "completions/mean_length": 8.0, "rewards/format_reward/mean": 0.0}
+
+    reporter.on_log(args, trainer_state(1, 3), None, logs=logs)
+    assert read_status(custom_objects, job_ref)["progress"]["step"] == 1
+
+    reporter.on_log(args, trainer_state(2, 3), None, logs={**logs, "reward": 0.2})
+    assert read_status(custom_objects, job_ref)["progress"]["step"] == 1  # within min_interval: printed only
+
+    reporter.on_save(args, trainer_state(3, 3), None)
+    reporter.on_log(args, trainer_state(3, 3), None, logs={**logs, "reward": 0.3})
+    progress = read_status(custom_objects, job_ref)["progress"]
+    assert progress["step"] == 3 and progress["maxSteps"] == 3  # the final step always goes out
+    assert progress["metrics"]["reward"] == 0.3
+    assert progress["metrics"]["completion_length"] == 8.0
+    assert progress["lastCheckpoint"].endswith("checkpoint-3")
+    assert reporter.patches_sent == 2
+
+    printed = [json.loads(line)["progress"] for line in stream.getvalue().splitlines()]
+    assert [p["step"] for p in printed] == [1, 2, 3, 3]  # every report is printed, patched or not
+
+
+def test_unreachable_api_never_stops_training(tmp_path):
+    from kubernetes import client
+
+    configuration = client.Configuration()
+    configuration.host = "http://127.0.0.1:9"  # nothing listens on the discard port
+    api = client.CustomObjectsApi(client.ApiClient(configuration))
+    stream = io.StringIO()
+    patcher = StatusPatcher(JobRef(name="j", namespace="n"), api)
+    reporter = ProgressReporter(JobRef(name="j", namespace="n"), ProgressSettings(min_interval_seconds=0), patcher, stream)
+
+    reporter.on_log(training_args(tmp_path), trainer_state(1, 2), None, logs={"loss": 1.0})
+    assert patcher.failures == 1 and not patcher.can_try()  # backing off
+    reporter.on_log(training_args(tmp_path), trainer_state(2, 2), None, logs={"loss": 0.9})
+    assert patcher.failures == 2  # the final step is tried even while backing off
+    assert len(stream.getvalue().splitlines()) == 2  # still printed
+
+
+def test_metrics_mapping_drops_nan_and_non_numbers():
+    logs = {"reward": float("nan"), "loss": 0.5, "completions/mean_length": 4, "epoch": 1.0, "note": "x", "kl": True}
+    assert progress_metrics(logs) == {"loss": 0.5, "completion_length": 4.0}
+
+
+def test_reporter_is_silent_off_rank_zero(tmp_path):
+    stream = io.StringIO()
+    reporter = ProgressReporter(JobRef(name="j", namespace="n"), ProgressSettings(), None, stream)
+    state = trainer_state(1, 2)
+    state.is_world_process_zero = False
+    reporter.on_log(training_args(tmp_path), state, None, logs={"loss": 1.0})
+    assert stream.getvalue() == ""
