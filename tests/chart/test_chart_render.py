@@ -73,7 +73,7 @@ def test_operator_command_line_defaults(render_chart):
     assert container["args"] == [
         "--all-namespaces",
         "--trainer-image=colocgrpo/trainer:0.1.0",
-        "--log-level=info",
+        "--log-level=INFO",
         "--liveness-port=8080",
         "--metrics-port=9090",
     ]
@@ -91,7 +91,7 @@ def test_values_reach_the_command_line_and_pod(render_chart):
         "--set", "extraArgs={--peering=none}",
     ))
     assert "--trainer-image=registry.example/trainer:9" in container["args"]
-    assert "--log-level=debug" in container["args"]
+    assert "--log-level=DEBUG" in container["args"]
     assert container["args"][-1] == "--peering=none"
     assert container["image"] == "colocgrpo/operator@sha256:" + "a" * 64
     pod = deployment["spec"]["template"]["spec"]
@@ -194,7 +194,7 @@ def test_metrics_off(render_chart):
     objects = render_chart("--set", "metrics.enabled=false")
     assert not by_kind(objects, "Service")
     _, container = _operator_container(objects)
-    assert not any(a.startswith("--metrics-port") for a in container["args"])
+    assert "--metrics-port=0" in container["args"]  # the operator's "off"
     assert [p["name"] for p in container["ports"]] == ["liveness"]
 
 
@@ -253,3 +253,18 @@ def test_notes_tell_how_to_submit_and_watch(helm):
     assert "get cgj -w" in notes
     assert "wait --for=condition=Succeeded cgj/NAME" in notes
     assert "kubectl apply --server-side -f charts/colocgrpo-operator/crds/" in notes
+
+
+@pytest.mark.parametrize("values", [(), ("--set", "watchNamespaces={a,b}"), ("--set", "metrics.enabled=false"),
+                                    ("--set", "logLevel=warning")])
+def test_rendered_command_line_is_what_colocgrpo_operator_accepts(render_chart, values):
+    from colocgrpo_operator.cli import build_parser
+
+    _, container = _operator_container(render_chart(*values))
+    args = build_parser().parse_args([*container["command"][1:], *container["args"]])  # SystemExit on a bad flag
+    assert args.command == "operator"
+    assert args.trainer_image == "colocgrpo/trainer:0.1.0"
+    assert args.liveness_port == 8080
+    assert args.metrics_port == (0 if "metrics.enabled=false" in values else 9090)
+    assert args.namespace == (["a", "b"] if "watchNamespaces={a,b}" in values else [])
+    assert args.all_namespaces == (not args.namespace)
