@@ -17,10 +17,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    # Imported here: the operator package never imports the trainer's heavy dependencies.
-    try:
-        from colocgrpo_training.entrypoint import main
-    except ImportError as err:
-        print(f"colocgrpo train: the trainer is not installed ({err}); pip install 'colocgrpo[trainer]'")
+    import importlib.util
+    import sys
+
+    missing = [name for name in ("torch", "transformers", "trl") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(
+            f"colocgrpo train: the trainer's dependencies are not installed ({', '.join(missing)}); "
+            "pip install 'colocgrpo[trainer]' (and torch)",
+            file=sys.stderr,
+        )
         return 2
+    # Imported here: the operator package never imports the trainer's heavy dependencies.
+    from colocgrpo_training.entrypoint import main
+
     return main(["--config", args.config])
