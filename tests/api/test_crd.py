@@ -109,12 +109,14 @@ def test_cel_rules_cover_the_cross_field_contract(schema):
     paths = [r.get("fieldPath") for r in root_rules]
     assert paths.count(".metadata.name") == 2
     immutable = {r["fieldPath"] for r in root_rules if "oldSelf" in r["rule"]}
-    spec_fields = set(schema["properties"]["spec"]["properties"])
+    # trainerArgs holds untyped values, which CEL cannot declare: no CEL rule may touch it,
+    # or the API server refuses the whole CRD (parse_job checks its keys instead).
+    spec_fields = set(schema["properties"]["spec"]["properties"]) - {"trainerArgs"}
     assert immutable == {f".spec.{f}" for f in spec_fields}
+    assert not any("trainerArgs" in r["rule"] for r in root_rules)
     run_rule = next(r["rule"] for r in root_rules if r.get("fieldPath") == ".spec.runPolicy")
     assert "suspend" not in run_rule and "ttlSecondsAfterFinished" not in run_rule and "maxRestarts" in run_rule
-    trainer_rules = schema["properties"]["spec"]["properties"]["trainerArgs"]["x-kubernetes-validations"]
-    assert any("'use_peft'" in r["rule"] for r in trainer_rules)
+    assert "x-kubernetes-validations" not in schema["properties"]["spec"]["properties"]["trainerArgs"]
 
 
 def _openapi_validator(schema: dict) -> jsonschema.Draft4Validator:

@@ -207,7 +207,9 @@ def _root_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
         "(only spec.runPolicy.suspend and spec.runPolicy.ttlSecondsAfterFinished may change)"
     )
     for field in spec_schema["properties"]:
-        if field == "runPolicy":
+        # runPolicy has its own rule below; trainerArgs' untyped values cannot be compared in
+        # CEL (the CRD would not install), so its immutability is left to the model's check.
+        if field in ("runPolicy", "trainerArgs"):
             continue
         rules.append(
             {
@@ -249,7 +251,10 @@ def generate_crd() -> dict[str, Any]:
     status_schema = model_schema(ColocGRPOJobStatus, keep_defaults=False)
     spec_schema["x-kubernetes-validations"] = _spec_rules()
     spec_schema["properties"]["deepspeed"]["x-kubernetes-validations"] = _deepspeed_rules()
-    spec_schema["properties"]["trainerArgs"]["x-kubernetes-validations"] = _trainer_args_rules()
+    # No CEL on trainerArgs: its values are untyped (any JSON), and the API server cannot build
+    # CEL type declarations for such a map ("unable to convert structural schema to CEL
+    # declarations"), so the CRD would not install. parse_job checks its keys; the operator
+    # reports them as SpecValid=False/InvalidSpec naming spec.trainerArgs.<key>.
     root = {
         "type": "object",
         "description": "A GRPO training run: vLLM colocated in DeepSpeed ZeRO-3 training processes.",
@@ -257,7 +262,9 @@ def generate_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Declaring metadata.name (the only field a CRD may constrain besides generateName)
+            # makes `.metadata.name` a valid fieldPath for the root rules below.
+            "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 253}}},
             "spec": spec_schema,
             "status": status_schema,
         },
