@@ -88,7 +88,7 @@ async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.M
     key = (namespace, name)
     _, job, pods = _inputs(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner)
     cr = job_resource_snapshot(body)  # the freshest view: this very event's body
-    await _reconciler(memo).reconcile(key, cr, job, pods, trigger=str(reason), ensure_children=True)
+    await _reconciler(memo).reconcile(key, cr, job, pods, trigger=getattr(reason, "value", str(reason)), ensure_children=True)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)

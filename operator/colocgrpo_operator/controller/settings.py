@@ -85,6 +85,17 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     logger.info("colocgrpo operator configured (metrics port %s)", port or "off")
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster ServiceAccount, else $KUBECONFIG (read now, not at import time).
+
+    kopf's default would go through the kubernetes client's process-wide defaults, which
+    freeze KUBECONFIG when the client is first imported; parsing the files directly keeps
+    `--kubeconfig` authoritative and supports client certificates (the local dev cluster).
+    """
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.cleanup()
 def close_clients(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Close what startup opened (the HTTP pool and the metrics server)."""
