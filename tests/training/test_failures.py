@@ -72,6 +72,35 @@ def test_termination_message_is_json_and_bounded(tmp_path, monkeypatch):
     assert len(log.read_bytes()) < 4096  # Kubernetes' termination-message limit
 
 
+def test_root_cause_is_not_overwritten_by_a_later_ranks_secondary_error(tmp_path, monkeypatch):
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv("COLOCGRPO_TERMINATION_LOG", str(log))
+    write_termination_message(classify(torch.OutOfMemoryError("CUDA out of memory (rank 1)")))
+    write_termination_message(classify(RuntimeError("Watchdog caught collective operation timeout (rank 0)")))
+    assert json.loads(log.read_text())["reason"] == "CUDAOutOfMemory"
+    write_termination_message(classify(RuntimeError("rank 2 crashed")))
+    assert json.loads(log.read_text())["reason"] == "CUDAOutOfMemory"
+
+
+def test_secondary_error_is_replaced_by_a_root_cause(tmp_path, monkeypatch):
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv("COLOCGRPO_TERMINATION_LOG", str(log))
+    write_termination_message(classify(RuntimeError("Watchdog caught collective operation timeout")))
+    write_termination_message(classify(ValueError("bad reward output")))
+    assert json.loads(log.read_text())["reason"] == "TrainerError"
+
+
+def test_a_message_from_an_earlier_run_is_replaced(tmp_path, monkeypatch):
+    import os
+
+    log = tmp_path / "termination-log"
+    log.write_text(json.dumps({"reason": "CUDAOutOfMemory", "message": "yesterday"}))
+    os.utime(log, (0, 0))
+    monkeypatch.setenv("COLOCGRPO_TERMINATION_LOG", str(log))
+    write_termination_message(classify(RuntimeError("Watchdog caught collective operation timeout")))
+    assert json.loads(log.read_text())["reason"] == "NCCLTimeout"
+
+
 def _run_entrypoint(config_text: str, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     config = tmp_path / "grpo.yaml"
     config.write_text(config_text)

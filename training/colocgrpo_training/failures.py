@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,10 +148,39 @@ def termination_log_path() -> Path:
     return Path(os.environ.get(TERMINATION_LOG_ENV, DEFAULT_TERMINATION_LOG))
 
 
+# The processes of one pod share one termination-message file. When one rank fails (say, CUDA
+# out of memory), the others fail later with secondary errors (an NCCL timeout while waiting for
+# it); the root cause must not be overwritten. Higher wins; equal keeps the first writer.
+_PRECEDENCE = {
+    TERMINATED: 0,
+    NCCL_TIMEOUT: 1,
+    TRAINER_ERROR: 2,
+    CUDA_OUT_OF_MEMORY: 3,
+    VLLM_ERROR: 3,
+    DATA_ERROR: 3,
+    INVALID_CONFIG: 3,
+}
+# Messages older than this process are from an earlier run (host runs reuse the path).
+_PROCESS_START = time.time()
+
+
+def _should_replace(path: Path, new_reason: str) -> bool:
+    try:
+        if path.stat().st_mtime < _PROCESS_START:
+            return True
+        existing = json.loads(path.read_text() or "{}").get("reason")
+    except (OSError, ValueError, AttributeError):
+        return True
+    if existing is None:
+        return True
+    return _PRECEDENCE.get(new_reason, 2) > _PRECEDENCE.get(existing, 2)
+
+
 def write_termination_message(failure: Failure) -> None:
     """Best effort: a missing /dev/termination-log (host runs) must not hide the real error."""
     path = termination_log_path()
     try:
-        path.write_text(failure.to_json())
+        if _should_replace(path, failure.reason):
+            path.write_text(failure.to_json())
     except OSError as err:
         print(f"colocgrpo: could not write termination message to {path}: {err}", file=sys.stderr)
