@@ -54,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     # aiohttp and kubernetes log every request at DEBUG; keep ours readable.
     for noisy in ("aiohttp", "urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, getattr(logging, args.log_level)))
+    # kopf logs every handler and timer success at INFO ("Handler ... succeeded"): with child
+    # events and re-checks that is several lines per job per second. Our own reconciler logs
+    # each phase transition (logger colocgrpo.operator); kopf's per-object chatter only at DEBUG.
+    if args.log_level != "DEBUG":
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     import kopf
 

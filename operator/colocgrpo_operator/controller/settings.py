@@ -78,7 +78,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         kube=memo.kube,
         default_image=os.environ.get(ENV_TRAINER_IMAGE) or None,
         executor=settings.execution.executor,
-        logger=logger,
+        logger=logging.getLogger("colocgrpo.operator"),
     )
     port = int(os.environ.get(ENV_METRICS_PORT, "9090") or 0)
     memo.metrics_server = start_metrics_server(port) if port > 0 else None
