@@ -65,8 +65,9 @@ test-operator: dev-venv cluster-bin
 test-trainer: trainer-venv cluster-bin
 	"$(TRAINER_PY)" -m pytest tests/training $(PYTEST_ARGS)
 
-demo: dev-venv cluster-bin
-	"$(DEV_PY)" -m colocgrpo_operator.cli demo
+# The demo trains the tiny CPU job for real on this host (rank 0), so it needs the trainer venv too.
+demo: dev-venv cluster-bin trainer-venv
+	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_operator.cli demo
 
 clean-cache:
 	rm -rf "$(CACHE)"
