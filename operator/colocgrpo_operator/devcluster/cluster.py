@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from colocgrpo_operator.devcluster.binaries import Binaries, binaries_dir, ensure_binaries, kubectl_path
+from colocgrpo_operator.devcluster.binaries import binaries_dir, ensure_binaries, kubectl_path
+from colocgrpo_operator.devcluster.commands import run
 from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
 from colocgrpo_operator.devcluster.kwokctl_config import render_kwokctl_config, write_fake_log
 from colocgrpo_operator.devcluster.paths import cache_dir
@@ -43,6 +44,10 @@ class DevCluster:
     def _config_file(self) -> Path:
         return self.workdir / f"{self.name}.kwok.yaml"
 
+    @property
+    def _fake_log(self) -> Path:
+        return self.workdir / f"{self.name}-fake-container.log"
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def up(self, timeout: float = 120) -> Path:
@@ -51,8 +56,11 @@ class DevCluster:
         Idempotent: a running cluster is reused. Returns the kubeconfig path.
         """
         binaries = ensure_binaries()
-        if not self.is_ready():
-            self._create(binaries, timeout)
+        config = render_kwokctl_config(binaries, self._fake_log)
+        # A running cluster started from another config (new pins or stages) is replaced.
+        current = self._config_file.read_text() if self._config_file.is_file() else None
+        if current != config or not self.is_ready():
+            self._create(config, timeout)
         self.ensure_gpu_nodes(timeout)
         return self.kubeconfig
 
@@ -64,6 +72,7 @@ class DevCluster:
                 self._kwokctl(folder, "delete", "cluster", check=False)
         shutil.rmtree(self.cluster_dir, ignore_errors=True)
         self._config_file.unlink(missing_ok=True)
+        self._fake_log.unlink(missing_ok=True)
 
     def is_ready(self) -> bool:
         if not self.kubeconfig.is_file():
@@ -90,10 +99,7 @@ class DevCluster:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         """Run kubectl against this cluster (never the user's current context)."""
-        return subprocess.run(
-            [str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input, capture_output=True, text=True, check=check,
-        )
+        return run([str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check)
 
     def ensure_gpu_nodes(self, timeout: float = 60) -> None:
         """Create the fake GPU nodes (if absent) and wait until KWOK reports them Ready."""
@@ -107,14 +113,14 @@ class DevCluster:
                          "--type=merge", "-p", patch)
         self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s")
 
-    def _create(self, binaries: Binaries, timeout: float) -> None:
-        if self.cluster_dir.exists():  # stale: processes gone or not answering
+    def _create(self, config: str, timeout: float) -> None:
+        if self.cluster_dir.exists():  # stale, or started from another config
             self.down()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        fake_log = write_fake_log(self.workdir / f"{self.name}-fake-container.log")
-        self._config_file.write_text(render_kwokctl_config(binaries, fake_log))
+        write_fake_log(self._fake_log)
+        self._config_file.write_text(config)
         self._kwokctl(
-            binaries.folder, "create", "cluster",
+            binaries_dir(), "create", "cluster",
             "--kubeconfig=",  # never touch ~/.kube/config
             f"--wait={int(timeout)}s", f"--timeout={int(timeout)}s",
         )
@@ -127,7 +133,7 @@ class DevCluster:
 
     def _kwokctl(self, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         env = {**os.environ, "KWOK_WORKDIR": str(self.workdir)}
-        return subprocess.run(
+        return run(
             [str(folder / "kwokctl"), f"--name={self.name}", f"--config={self._config_file}", *args],
-            env=env, check=check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env, check=check,
         )

@@ -46,7 +46,16 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
         "quietPull": True,
     }
     docs: list[dict] = [
-        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": options},
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "options": options,
+            # The binary runtime leaves kwok's --node-ip empty, so nodes get no InternalIP and the
+            # API server cannot reach kwok's kubelet endpoint (`kubectl logs`); the last flag wins.
+            "componentsPatches": [
+                {"name": "kwok-controller", "extraArgs": [{"key": "node-ip", "value": "127.0.0.1"}]},
+            ],
+        },
         {
             "apiVersion": "kwok.x-k8s.io/v1alpha1",
             "kind": "ClusterLogs",

@@ -1,0 +1,61 @@
+"""The KWOK stages hold pods Running and end them the way tests ask, like a kubelet would."""
+
+from __future__ import annotations
+
+import pytest
+
+from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod, wait_for_pod_phase
+from colocgrpo_operator.devcluster.kwokctl_config import FAKE_LOG_LINES
+
+pytestmark = pytest.mark.cluster
+
+
+def running_pod(kube_cluster, namespace: str, name: str, containers: int = 1):
+    kube_cluster.core_v1.create_namespaced_pod(namespace, {
+        "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "containers": [
+            {"name": f"c{i}", "image": "example.invalid/none"} for i in range(containers)]},
+    })
+    return wait_for_pod_phase(kube_cluster.core_v1, namespace, name, "Running")
+
+
+def terminated(pod):
+    return [status.state.terminated for status in pod.status.container_statuses]
+
+
+def test_success(kube_cluster, namespace):
+    running_pod(kube_cluster, namespace, "ok", containers=2)
+    drive_pod_success(kube_cluster.core_v1, namespace, "ok")
+    pod = wait_for_pod_phase(kube_cluster.core_v1, namespace, "ok", "Succeeded")
+    assert [(t.exit_code, t.reason) for t in terminated(pod)] == [(0, "Completed")] * 2
+
+
+def test_failure_with_exit_code_and_message(kube_cluster, namespace):
+    running_pod(kube_cluster, namespace, "crash")
+    drive_pod_failure(kube_cluster.core_v1, namespace, "crash", exit_code=3, message="NCCL timeout: rank 1")
+    pod = wait_for_pod_phase(kube_cluster.core_v1, namespace, "crash", "Failed")
+    (t,) = terminated(pod)
+    assert (t.exit_code, t.reason, t.message) == (3, "Error", "NCCL timeout: rank 1")
+
+
+def test_oom_killed(kube_cluster, namespace):
+    running_pod(kube_cluster, namespace, "oom")
+    drive_pod_failure(kube_cluster.core_v1, namespace, "oom", reason="OOMKilled", message="")
+    pod = wait_for_pod_phase(kube_cluster.core_v1, namespace, "oom", "Failed")
+    (t,) = terminated(pod)
+    assert (t.exit_code, t.reason) == (137, "OOMKilled")
+
+
+def test_eviction_sets_disruption_target(kube_cluster, namespace):
+    running_pod(kube_cluster, namespace, "evicted")
+    evict_pod(kube_cluster.core_v1, namespace, "evicted", message="The node was low on resource: memory.")
+    pod = wait_for_pod_phase(kube_cluster.core_v1, namespace, "evicted", "Failed")
+    assert pod.status.reason == "Evicted"
+    disruption = [c for c in pod.status.conditions if c.type == "DisruptionTarget"]
+    assert [(c.status, c.reason) for c in disruption] == [("True", "TerminationByKubelet")]
+
+
+def test_kubectl_logs_of_a_fake_pod(kube_cluster, namespace):
+    running_pod(kube_cluster, namespace, "talker")
+    out = kube_cluster.kubectl("logs", "-n", namespace, "talker").stdout
+    assert out.splitlines() == FAKE_LOG_LINES
