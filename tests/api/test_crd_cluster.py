@@ -59,8 +59,6 @@ def test_examples_are_accepted_and_defaulted(crd_installed, namespace):
     [
         (lambda o: o["spec"].update(vllm={"tensorParallelSize": 3}), "spec.vllm.tensorParallelSize must divide"),
         (lambda o: o["metadata"].update(name="x" * 53), "metadata.name must be at most 52"),
-        (lambda o: o["spec"]["trainerArgs"].update(use_peft=True), "use_peft"),
-        (lambda o: o["spec"]["trainerArgs"].update(learning_rat=1.0), "learning_rat"),
         (lambda o: o["spec"]["resources"].update(nodes=0), "spec.resources.nodes"),
         (lambda o: o["spec"].update(vllm={"tensorParallelSize": 4, "gpuMemoryUtilization": 1.0}), "gpuMemoryUtilization"),
     ],
@@ -82,11 +80,11 @@ def test_spec_immutable_after_start_except_suspend_and_ttl(crd_installed, namesp
             "patch", "cgj", "tiny-cpu", "-n", namespace, "--type=merge", "-p", json.dumps(body), *extra, check=False
         )
 
-    assert patch({"spec": {"trainerArgs": {"max_steps": 3}}}).returncode == 0  # not started yet
+    assert patch({"spec": {"dataset": {"split": "train[:50%]"}}}).returncode == 0  # not started yet
     started = patch({"status": {"startTime": "2026-01-01T00:00:00Z"}}, "--subresource=status")
     assert started.returncode == 0, started.stderr
-    refused = patch({"spec": {"trainerArgs": {"max_steps": 4}}})
-    assert refused.returncode != 0 and "spec.trainerArgs is immutable once the job has started" in refused.stderr
+    refused = patch({"spec": {"dataset": {"split": "train"}}})
+    assert refused.returncode != 0 and "spec.dataset is immutable once the job has started" in refused.stderr
     refused = patch({"spec": {"runPolicy": {"maxRestarts": 5}}})
     assert refused.returncode != 0 and "spec.runPolicy" in refused.stderr
     allowed = patch({"spec": {"runPolicy": {"suspend": True, "ttlSecondsAfterFinished": 60}}})

@@ -26,7 +26,6 @@ from colocgrpo_operator.api.naming import (
     SINGULAR,
     VERSION,
 )
-from colocgrpo_operator.api.trainer_args import OWNED_KEYS, REFUSED_KEYS, grpo_config_fields
 from colocgrpo_operator.api.validation import MUTABLE_AFTER_START
 
 _DROPPED_KEYWORDS = {"title", "$defs", "examples"}
@@ -120,10 +119,6 @@ def model_schema(model: type, *, keep_defaults: bool) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- CEL rules
 
 
-def _cel_list(values: list[str]) -> str:
-    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
-
-
 def _spec_rules() -> list[dict[str, Any]]:
     return [
         {
@@ -154,23 +149,6 @@ def _deepspeed_rules() -> list[dict[str, Any]]:
             "message": "spec.deepspeed.offloadParams needs spec.deepspeed.zeroStage 3",
             "fieldPath": ".offloadParams",
         }
-    ]
-
-
-def _trainer_args_rules() -> list[dict[str, Any]]:
-    owned = sorted(set(OWNED_KEYS) | set(REFUSED_KEYS))
-    known = sorted(grpo_config_fields())
-    return [
-        {
-            "rule": f"self.all(k, !(k in {_cel_list(owned)}))",
-            "messageExpression": "'trainerArgs sets keys owned by typed fields or refused: ' + "
-            f"self.filter(k, k in {_cel_list(owned)}).join(', ') + ' (run colocgrpo validate for details)'",
-        },
-        {
-            "rule": f"self.all(k, k in {_cel_list(known)})",
-            "messageExpression": "'trainerArgs has keys that are not TRL 1.16 GRPOConfig arguments: ' + "
-            f"self.filter(k, !(k in {_cel_list(known)})).join(', ')",
-        },
     ]
 
 
