@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod, wait_for_pod_phase
@@ -59,3 +61,23 @@ def test_kubectl_logs_of_a_fake_pod(kube_cluster, namespace):
     running_pod(kube_cluster, namespace, "talker")
     out = kube_cluster.kubectl("logs", "-n", namespace, "talker").stdout
     assert out.splitlines() == FAKE_LOG_LINES
+
+
+def test_eviction_api_marks_deletes_and_terminates(kube_cluster, namespace):
+    from kubernetes import client
+
+    running_pod(kube_cluster, namespace, "api-evicted")
+    kube_cluster.core_v1.create_namespaced_pod_eviction("api-evicted", namespace, client.V1Eviction(
+        metadata=client.V1ObjectMeta(name="api-evicted", namespace=namespace)))
+    pod = kube_cluster.core_v1.read_namespaced_pod("api-evicted", namespace)
+    assert pod.metadata.deletion_timestamp is not None
+    assert any(c.type == "DisruptionTarget" and c.reason == "EvictionByEvictionAPI" for c in pod.status.conditions)
+
+    def gone():
+        return not kube_cluster.core_v1.list_namespaced_pod(
+            namespace, field_selector="metadata.name=api-evicted").items
+
+    deadline = time.monotonic() + 30
+    while not gone():
+        assert time.monotonic() < deadline, "the evicted pod was never removed"
+        time.sleep(0.2)

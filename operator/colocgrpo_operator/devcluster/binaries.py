@@ -8,7 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from colocgrpo_operator.devcluster.paths import cluster_inputs_dir
+from colocgrpo_operator.devcluster.locking import file_lock
+from colocgrpo_operator.devcluster.paths import cache_dir, cluster_inputs_dir
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,11 @@ def binaries_dir() -> Path:
 def ensure_binaries() -> Binaries:
     """Build whatever is missing (a cold build takes minutes; see docs/dev-cluster.md)."""
     # build.sh logs to stderr, which stays attached so a cold build shows progress.
-    out = subprocess.run(
-        ["bash", str(cluster_inputs_dir() / "build.sh")],
-        check=True, stdout=subprocess.PIPE, text=True,
-    ).stdout
+    with file_lock(cache_dir() / "k8s-bin" / ".build.lock"):
+        out = subprocess.run(
+            ["bash", str(cluster_inputs_dir() / "build.sh")],
+            check=True, stdout=subprocess.PIPE, text=True,
+        ).stdout
     return Binaries(folder=Path(out.strip().splitlines()[-1]), kubectl=kubectl_path())
 
 

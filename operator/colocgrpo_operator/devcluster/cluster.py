@@ -21,6 +21,7 @@ import yaml
 from colocgrpo_operator.devcluster.binaries import binaries_dir, ensure_binaries, kubectl_path
 from colocgrpo_operator.devcluster.commands import run
 from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
+from colocgrpo_operator.devcluster.locking import file_lock
 from colocgrpo_operator.devcluster.kwokctl_config import render_kwokctl_config, write_fake_log
 from colocgrpo_operator.devcluster.paths import cache_dir
 
@@ -45,6 +46,10 @@ class DevCluster:
         return self.workdir / f"{self.name}.kwok.yaml"
 
     @property
+    def _lock_file(self) -> Path:
+        return self.workdir / f"{self.name}.lock"
+
+    @property
     def _fake_log(self) -> Path:
         return self.workdir / f"{self.name}-fake-container.log"
 
@@ -57,15 +62,20 @@ class DevCluster:
         """
         binaries = ensure_binaries()
         config = render_kwokctl_config(binaries, self._fake_log)
-        # A running cluster started from another config (new pins or stages) is replaced.
-        current = self._config_file.read_text() if self._config_file.is_file() else None
-        if current != config or not self.is_ready():
-            self._create(config, timeout)
-        self.ensure_gpu_nodes(timeout)
+        with file_lock(self._lock_file):
+            # A running cluster started from another config (new pins or stages) is replaced.
+            current = self._config_file.read_text() if self._config_file.is_file() else None
+            if current != config or not self.is_ready():
+                self._create(config, timeout)
+            self.ensure_gpu_nodes(timeout)
         return self.kubeconfig
 
     def down(self) -> None:
         """Stop every process `up` started and remove the cluster's state."""
+        with file_lock(self._lock_file):
+            self._down()
+
+    def _down(self) -> None:
         if self.cluster_dir.exists():
             folder = binaries_dir()
             if (folder / "kwokctl").is_file():
@@ -115,7 +125,7 @@ class DevCluster:
 
     def _create(self, config: str, timeout: float) -> None:
         if self.cluster_dir.exists():  # stale, or started from another config
-            self.down()
+            self._down()
         self.workdir.mkdir(parents=True, exist_ok=True)
         write_fake_log(self._fake_log)
         self._config_file.write_text(config)
