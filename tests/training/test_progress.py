@@ -102,13 +102,16 @@ def test_reporter_uses_kubeconfig_rate_limits_and_always_sends_the_final_step(
     logs = {"loss": 0.5, "reward": 0.1, "kl": 0.0, "completions/mean_length": 8.0, "rewards/format_reward/mean": 0.0}
 
     reporter.on_log(args, trainer_state(1, 3), None, logs=logs)
+    assert reporter.flush(10)
     assert read_status(custom_objects, job_ref)["progress"]["step"] == 1
 
     reporter.on_log(args, trainer_state(2, 3), None, logs={**logs, "reward": 0.2})
+    assert reporter.flush(10)
     assert read_status(custom_objects, job_ref)["progress"]["step"] == 1  # within min_interval: printed only
 
     reporter.on_save(args, trainer_state(3, 3), None)
     reporter.on_log(args, trainer_state(3, 3), None, logs={**logs, "reward": 0.3})
+    assert reporter.flush(10)
     progress = read_status(custom_objects, job_ref)["progress"]
     assert progress["step"] == 3 and progress["maxSteps"] == 3  # the final step always goes out
     assert progress["metrics"]["reward"] == 0.3
@@ -131,10 +134,37 @@ def test_unreachable_api_never_stops_training(tmp_path):
     reporter = ProgressReporter(JobRef(name="j", namespace="n"), ProgressSettings(min_interval_seconds=0), patcher, stream)
 
     reporter.on_log(training_args(tmp_path), trainer_state(1, 2), None, logs={"loss": 1.0})
+    assert reporter.flush(15)
     assert patcher.failures == 1 and not patcher.can_try()  # backing off
     reporter.on_log(training_args(tmp_path), trainer_state(2, 2), None, logs={"loss": 0.9})
+    assert reporter.flush(15)
     assert patcher.failures == 2  # the final step is tried even while backing off
     assert len(stream.getvalue().splitlines()) == 2  # still printed
+
+
+def test_a_black_holed_api_does_not_block_the_training_step(tmp_path):
+    """A server that accepts connections and never answers: on_log must return at once."""
+    import socket
+    import time
+
+    from kubernetes import client
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        patcher = StatusPatcher(JobRef(name="j", namespace="n"), client.CustomObjectsApi(client.ApiClient(configuration)))
+        reporter = ProgressReporter(
+            JobRef(name="j", namespace="n"), ProgressSettings(min_interval_seconds=0), patcher, io.StringIO()
+        )
+        started = time.monotonic()
+        for step in (1, 2, 3):
+            reporter.on_log(training_args(tmp_path), trainer_state(step, 10), None, logs={"loss": 1.0})
+        assert time.monotonic() - started < 2  # the patch request itself waits up to 10 s, off-thread
+    finally:
+        silent.close()
 
 
 def test_metrics_mapping_drops_nan_and_non_numbers():

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -138,6 +139,50 @@ def _short(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"[:200]
 
 
+class BackgroundSender:
+    """Sends patches from a daemon thread so a slow or black-holed API server never blocks a step.
+
+    Holds at most one pending report: a newer one replaces it (only the latest progress matters).
+    """
+
+    def __init__(self, patcher: StatusPatcher) -> None:
+        self.patcher = patcher
+        self.sent = 0
+        self._pending: dict[str, Any] | None = None
+        self._busy = False
+        self._lock = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="colocgrpo-progress", daemon=True)
+        self._thread.start()
+
+    def submit(self, progress: dict[str, Any]) -> None:
+        with self._lock:
+            self._pending = progress
+            self._lock.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until nothing is pending or in flight; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending is not None or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None:
+                    self._lock.wait()
+                progress, self._pending, self._busy = self._pending, None, True
+            ok = self.patcher.patch(progress)
+            with self._lock:
+                self.sent += int(ok)
+                self._busy = False
+                self._lock.notify_all()
+
+
 class ProgressReporter(TrainerCallback):
     """TrainerCallback; acts only on the world's process zero."""
 
@@ -157,9 +202,15 @@ class ProgressReporter(TrainerCallback):
         self.metrics: dict[str, float] = {}
         self.last_checkpoint: str | None = None
         self.last_patch_at: float | None = None
-        self.pending = False
         self._step_started: float | None = None
-        self.patches_sent = 0
+        self.sender = BackgroundSender(patcher) if patcher is not None else None
+
+    @property
+    def patches_sent(self) -> int:
+        return self.sender.sent if self.sender is not None else 0
+
+    def flush(self, timeout: float = 15.0) -> bool:
+        return self.sender.flush(timeout) if self.sender is not None else True
 
     @classmethod
     def from_settings(cls, job: JobRef, settings: ProgressSettings) -> ProgressReporter:
@@ -203,6 +254,8 @@ class ProgressReporter(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
         if state.is_world_process_zero:
             self.report(state, final=True)
+            if not self.flush():  # the last report matters most; bounded, never fatal
+                log.warning("final status.progress patch still pending after 15 s; giving up on it")
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -221,7 +274,7 @@ class ProgressReporter(TrainerCallback):
         progress = self.snapshot(state)
         stream = self.stream or sys.stdout
         print(json.dumps({"progress": progress}, sort_keys=True), file=stream, flush=True)
-        if self.patcher is None:
+        if self.sender is None or self.patcher is None:
             return
         now = self.clock()
         due = (
@@ -231,6 +284,5 @@ class ProgressReporter(TrainerCallback):
         )
         if not due or not (final or self.patcher.can_try()):
             return
-        if self.patcher.patch(progress):
-            self.last_patch_at = now
-            self.patches_sent += 1
+        self.last_patch_at = now
+        self.sender.submit(progress)
