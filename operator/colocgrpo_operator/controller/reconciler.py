@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
 import logging
 import time
 from datetime import datetime, timezone
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from colocgrpo_operator.api import JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
@@ -201,14 +203,25 @@ class Reconciler:
             desired = dict(desired, conditions=derive.set_condition(
                 desired.get("conditions", []), "PlanWarning", warn, reason, message, now, meta.get("generation")))
 
-        if ensure_children and desired.get("phase") not in derive.TERMINAL_PHASES:
-            await self._blocking(self._apply_children, cr, parsed)
-
         action = assessment.action
+        try:
+            if ensure_children and desired.get("phase") not in derive.TERMINAL_PHASES:
+                await self._blocking(self._apply_children, cr, parsed)
+            if action is derive.Action.CREATE_JOB:
+                created = await self._blocking(self._create_job, cr, parsed, desired, now)
+                if created:
+                    self.logger.info("created the gang's batch Job %s/%s", *key)
+        except ApiException as error:
+            if error.status not in (400, 422):
+                raise
+            # The API server refused a child rendered from this spec (e.g. a malformed toleration
+            # or env entry in a free-form field): the spec is the problem and retrying cannot
+            # help, so say so the way an invalid spec is reported.
+            problems = [("spec", f"the API server refused a child object: {_api_message(error)}")]
+            desired = derive.invalid_spec_status(previous, problems, now, meta.get("generation"))
+            await self._write_status(key, cr, previous, desired)
+            return
         if action is derive.Action.CREATE_JOB:
-            created = await self._blocking(self._create_job, cr, parsed, desired, now)
-            if created:
-                self.logger.info("created the gang's batch Job %s/%s", *key)
             await self._write_status(key, cr, previous, desired)
             return
         # Record before acting: a restart is counted in status before the failed Job is deleted.
@@ -270,6 +283,13 @@ class Reconciler:
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create(job)
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except (TypeError, ValueError):
+        return str(error.body or error.reason)
 
 
 def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:
