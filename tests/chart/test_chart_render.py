@@ -123,6 +123,7 @@ NAMESPACED_RULES = {
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 CRD_DISCOVERY = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
 
 
 def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
@@ -140,10 +141,11 @@ def test_no_rule_grants_secrets_exec_logs_wildcards_or_crd_writes(render_chart):
         for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes", "namespaces"} & set(rule["resources"])
+                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes"} & set(rule["resources"])
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
             crd = _rules(role).get(("apiextensions.k8s.io", "customresourcedefinitions"), set())
             assert crd <= {"get", "list", "watch"}
+            assert _rules(role).get(("", "namespaces"), set()) <= {"list", "watch"}
 
 
 def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
@@ -151,8 +153,8 @@ def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
     _, container = _operator_container(objects)
     assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in container["args"]
-    # Cluster scope keeps only the read-only CRD discovery kopf needs.
-    assert _rules(one(objects, "ClusterRole")) == CRD_DISCOVERY
+    # Cluster scope keeps only the reads kopf needs: CRD discovery, and following the named namespaces.
+    assert _rules(one(objects, "ClusterRole")) == {**CRD_DISCOVERY, **NAMESPACE_OBSERVATION}
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:

@@ -1,0 +1,291 @@
+"""The chart installed into the real dev cluster with the real helm.
+
+The operator's identity is the chart's ServiceAccount, used through a token (`kubectl create token`):
+`kubectl auth can-i` shows what it may and may not do, and running the operator as that identity
+through a whole job proves the rules are enough.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from installed_chart import InstalledChart, can_i
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def release_name() -> str:
+    return f"cgo-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def cluster_wide(helm, kube_cluster, namespace, release_name):
+    chart = InstalledChart(helm, kube_cluster, release_name, namespace).install()
+    yield chart
+    chart.uninstall()
+
+
+@pytest.fixture
+def other_namespace(kube_cluster):
+    name = kube_cluster.new_namespace("chart-other")
+    yield name
+    kube_cluster.delete_namespace(name)
+
+
+@pytest.fixture
+def namespaced(helm, kube_cluster, namespace, other_namespace, release_name):
+    chart = InstalledChart(helm, kube_cluster, release_name, namespace,
+                           values=("--set", f"watchNamespaces={{{namespace}}}")).install()
+    yield chart
+    chart.uninstall()
+
+
+def test_install_creates_the_crd_operator_and_identity(cluster_wide, kube_cluster):
+    crd = kube_cluster.kubectl("get", "crd", "colocgrpojobs.colocgrpo.io", "-o", "name").stdout.strip()
+    assert crd == "customresourcedefinition.apiextensions.k8s.io/colocgrpojobs.colocgrpo.io"
+    deployment = cluster_wide.deployment()
+    assert deployment["spec"]["replicas"] == 1
+    kube_cluster.kubectl("-n", cluster_wide.namespace, "get", "serviceaccount", cluster_wide.fullname)
+    kube_cluster.kubectl("get", "clusterrole", cluster_wide.fullname)
+    kube_cluster.kubectl("get", "clusterrolebinding", cluster_wide.fullname)
+    kube_cluster.kubectl("-n", cluster_wide.namespace, "get", "service", f"{cluster_wide.fullname}-metrics")
+
+
+def test_operator_pod_is_admitted_under_restricted_pod_security(helm, kube_cluster, namespace, release_name):
+    """The hardened defaults meet the Pod Security Standards' `restricted` level: the namespace enforces it,
+    and the Deployment's ReplicaSet still gets its pod created (PodSecurity admission would refuse it)."""
+    kube_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+                         "pod-security.kubernetes.io/enforce-version=latest")
+    chart = InstalledChart(helm, kube_cluster, release_name, namespace).install()
+    try:
+        selector = f"app.kubernetes.io/instance={release_name}"
+        deadline = time.monotonic() + 60
+        while True:
+            pods = kube_cluster.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "name").stdout.split()
+            if pods:
+                break
+            events = kube_cluster.kubectl("-n", namespace, "get", "events", "--field-selector",
+                                          "reason=FailedCreate", "-o", "jsonpath={.items[*].message}").stdout
+            assert "violates PodSecurity" not in events, events
+            assert time.monotonic() < deadline, f"no operator pod after 60 s; events: {events}"
+            time.sleep(0.5)
+    finally:
+        chart.uninstall()
+
+
+def test_cluster_wide_identity_can_do_its_work(cluster_wide, kube_cluster, namespace, tmp_path):
+    sa = cluster_wide.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
+    for args in [
+        ("list", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
+        ("watch", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
+        ("patch", "colocgrpojobs.colocgrpo.io", "--subresource=status", "-n", namespace),
+        ("create", "jobs.batch", "-n", namespace),
+        ("create", "configmaps", "-n", namespace),
+        ("create", "services", "-n", namespace),
+        ("create", "serviceaccounts", "-n", namespace),
+        ("create", "roles.rbac.authorization.k8s.io", "-n", namespace),
+        ("create", "rolebindings.rbac.authorization.k8s.io", "-n", namespace),
+        ("delete", "pods", "-n", namespace),
+        ("create", "events", "-n", namespace),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    ]:
+        assert can_i(kube_cluster, sa, *args), f"the operator cannot {' '.join(args)}"
+    # Serving all namespaces, kopf never lists them, so the identity may not.
+    assert not can_i(kube_cluster, sa, "list", "namespaces")
+
+
+# What the operator must never be able to do, in either mode.
+FORBIDDEN = [
+    ("get", "secrets", "--all-namespaces"),
+    ("list", "secrets", "--all-namespaces"),
+    ("watch", "secrets", "--all-namespaces"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("patch", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "pods", "--subresource=exec", "--all-namespaces"),
+    ("create", "pods", "--subresource=attach", "--all-namespaces"),
+    ("get", "pods", "--subresource=log", "--all-namespaces"),
+    ("create", "pods", "--all-namespaces"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("escalate", "roles.rbac.authorization.k8s.io", "--all-namespaces"),
+    ("bind", "roles.rbac.authorization.k8s.io", "--all-namespaces"),
+    ("impersonate", "serviceaccounts", "--all-namespaces"),
+    ("delete", "namespaces"),
+    ("patch", "nodes"),
+    ("delete", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
+    ("*", "*", "--all-namespaces"),
+]
+
+
+@pytest.mark.parametrize("mode", ["cluster_wide", "namespaced"])
+def test_identity_cannot_read_secrets_change_crds_or_exec(mode, request, kube_cluster, namespace, tmp_path):
+    chart = request.getfixturevalue(mode)
+    sa = chart.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
+    allowed = [" ".join(args) for args in FORBIDDEN if can_i(kube_cluster, sa, *args)]
+    allowed += [f"{' '.join(args)} (in its own namespace)" for args in [
+        ("get", "secrets"), ("list", "secrets"), ("create", "pods", "--subresource=exec"),
+    ] if can_i(kube_cluster, sa, *args, "-n", namespace)]
+    assert not allowed, f"the operator may: {allowed}"
+
+
+def test_namespaced_identity_is_confined_to_the_watched_namespace(namespaced, kube_cluster, namespace, other_namespace, tmp_path):
+    sa = namespaced.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
+    assert can_i(kube_cluster, sa, "watch", "colocgrpojobs.colocgrpo.io", "-n", namespace)
+    assert can_i(kube_cluster, sa, "create", "jobs.batch", "-n", namespace)
+    assert can_i(kube_cluster, sa, "list", "customresourcedefinitions.apiextensions.k8s.io")
+    for args in [
+        ("list", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
+        ("list", "colocgrpojobs.colocgrpo.io", "-n", other_namespace),
+        ("create", "jobs.batch", "-n", other_namespace),
+        ("delete", "pods", "-n", other_namespace),
+        ("create", "roles.rbac.authorization.k8s.io", "-n", other_namespace),
+        ("delete", "namespaces"),
+    ]:
+        assert not can_i(kube_cluster, sa, *args), f"the namespaced operator may {' '.join(args)}"
+
+
+def test_documented_crd_upgrade_command_applies_a_changed_crd(cluster_wide, kube_cluster, tmp_path):
+    """docs/install.md: Helm never upgrades crds/, `kubectl apply --server-side --force-conflicts` does."""
+    import yaml
+
+    from helm_chart import CHART
+
+    original = CHART / "crds" / "colocgrpojobs.colocgrpo.io.yaml"
+    crd = yaml.safe_load(original.read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    marker = f"changed by the upgrade test {uuid.uuid4().hex[:6]}"
+    columns[0]["description"] = marker
+    changed = tmp_path / "crds"
+    changed.mkdir()
+    (changed / original.name).write_text(yaml.safe_dump(crd))
+    try:
+        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(changed))
+        live = kube_cluster.kubectl("get", "crd", crd["metadata"]["name"], "-o",
+                                    "jsonpath={.spec.versions[0].additionalPrinterColumns[0].description}").stdout
+        assert live == marker
+    finally:
+        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    live = kube_cluster.kubectl("get", "crd", crd["metadata"]["name"], "-o",
+                                "jsonpath={.spec.versions[0].additionalPrinterColumns[0].description}").stdout
+    assert marker not in live
+
+
+# --- the operator, run on the host as the chart's identity, through a whole job ---------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _with_host_ports(args: list[str], liveness: int, metrics: int) -> list[str]:
+    """The Deployment's own arguments, with the ports moved to free ones on this host."""
+    out = []
+    for arg in args:
+        if arg.startswith("--liveness-port="):
+            arg = f"--liveness-port={liveness}"
+        elif arg.startswith("--metrics-port="):
+            arg = f"--metrics-port={metrics}"
+        out.append(arg)
+    assert f"--liveness-port={liveness}" in out and f"--metrics-port={metrics}" in out, args
+    return out
+
+
+def _http_get(url: str, timeout: float = 30) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, response.read().decode()
+        except (urllib.error.URLError, ConnectionError) as error:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{url}: {error}") from error
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("mode", ["cluster_wide", "namespaced"])
+def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, kube_cluster, namespace, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from colocgrpo_operator.api import JOB_NAME_LABEL
+    from colocgrpo_operator.devcluster.fake_pods import drive_pod_success, wait_for_pod_phase
+
+    chart = request.getfixturevalue(mode)
+    sa_kubeconfig = chart.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
+    liveness, metrics = _free_port(), _free_port()
+    args = _with_host_ports(chart.operator_args(), liveness, metrics)
+    log_path = tmp_path / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(sa_kubeconfig)}
+    repo = Path(__file__).resolve().parents[2]
+    with log_path.open("w") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "colocgrpo_operator.cli", "operator", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
+        )
+
+    def log_tail() -> str:
+        return log_path.read_text()[-6000:]
+
+    try:
+        status, body = _http_get(f"http://127.0.0.1:{liveness}/healthz")
+        assert status == 200, log_tail()
+
+        job = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())
+        job["metadata"] = {"name": "chart-lifecycle", "namespace": namespace}
+        kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+
+        deadline = time.monotonic() + 90
+        pods: list[str] = []
+        while not pods:
+            assert operator.poll() is None, f"the operator exited:\n{log_tail()}"
+            assert time.monotonic() < deadline, f"no trainer pod after 90 s:\n{log_tail()}"
+            pods = kube_cluster.kubectl(
+                "-n", namespace, "get", "pods", "-l", f"{JOB_NAME_LABEL}=chart-lifecycle", "-o", "name",
+            ).stdout.split()
+            time.sleep(0.5)
+        for pod in pods:
+            name = pod.split("/", 1)[1]
+            try:
+                wait_for_pod_phase(kube_cluster.core_v1, namespace, name, "Running", timeout=60)
+            except TimeoutError as error:
+                described = kube_cluster.kubectl("-n", namespace, "describe", "pod", name, check=False).stdout
+                raise AssertionError(f"{error}\n{described}\n{log_tail()}") from error
+            drive_pod_success(kube_cluster.core_v1, namespace, name)
+
+        waited = kube_cluster.kubectl(
+            "-n", namespace, "wait", "--for=condition=Succeeded", "cgj/chart-lifecycle", "--timeout=90s", check=False,
+        )
+        assert waited.returncode == 0, f"{waited.stderr}\n{log_tail()}"
+        phase = kube_cluster.kubectl("-n", namespace, "get", "cgj", "chart-lifecycle", "-o", "jsonpath={.status.phase}").stdout
+        assert phase == "Succeeded"
+
+        status, text = _http_get(f"http://127.0.0.1:{metrics}/metrics")
+        assert status == 200 and "colocgrpo" in text
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+    log = log_path.read_text()
+    # kopf logs a permission gap and carries on: a sufficient RBAC leaves no such line.
+    for needle in ("forbidden", "not enough permissions"):
+        assert needle.lower() not in log.lower(), f"{needle!r} in the operator log:\n{log[-6000:]}"
