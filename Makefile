@@ -12,11 +12,14 @@ PYTHON ?= python3
 CACHE ?= $(HOME)/.cache/colocgrpo
 export COLOCGRPO_CACHE := $(CACHE)
 
-# Venvs are keyed by the files that define their contents.
+# Venvs are keyed by the files that define their contents. The trainer venv's torch stack (several GB)
+# is keyed only by its pin file, so editing pyproject.toml reinstalls the small project deps, not torch.
 DEV_KEY := $(shell cat pyproject.toml | sha256sum | cut -c1-12)
-TRAINER_KEY := $(shell cat pyproject.toml training/requirements-cpu-test.txt 2>/dev/null | sha256sum | cut -c1-12)
+TRAINER_KEY := $(shell cat training/requirements-cpu-test.txt | sha256sum | cut -c1-12)
 DEV_VENV := $(CACHE)/venv-dev-$(DEV_KEY)
 TRAINER_VENV := $(CACHE)/venv-trainer-$(TRAINER_KEY)
+TRAINER_STAMP := $(TRAINER_VENV)/.project-deps-$(DEV_KEY)
+export PIP_CACHE_DIR ?= $(CACHE)/pip
 DEV_PY := $(DEV_VENV)/bin/python
 TRAINER_PY := $(TRAINER_VENV)/bin/python
 
@@ -41,15 +44,21 @@ $(DEV_PY): pyproject.toml
 
 dev-venv: $(DEV_PY)
 
-# torch from PyPI is the CUDA build (several GB): this venv is built once and cached.
-$(TRAINER_PY): pyproject.toml training/requirements-cpu-test.txt
+# torch from PyPI is the CUDA build (several GB): its venv is built once per pin set and cached.
+$(TRAINER_PY): training/requirements-cpu-test.txt
 	rm -rf "$(TRAINER_VENV)"
 	$(PYTHON) -m venv "$(TRAINER_VENV)"
 	"$(TRAINER_PY)" -m pip install -q --upgrade pip
-	"$(TRAINER_PY)" -m pip install -q -r training/requirements-cpu-test.txt -e '.[dev]'
+	"$(TRAINER_PY)" -m pip install -q -r training/requirements-cpu-test.txt
 	touch "$(TRAINER_PY)"
 
-trainer-venv: $(TRAINER_PY)
+# The project's own (small) dependencies, refreshed whenever pyproject.toml changes.
+$(TRAINER_STAMP): $(TRAINER_PY) pyproject.toml
+	"$(TRAINER_PY)" -m pip install -q -r training/requirements-cpu-test.txt -e '.[dev]'
+	rm -f "$(TRAINER_VENV)"/.project-deps-*
+	touch "$(TRAINER_STAMP)"
+
+trainer-venv: $(TRAINER_STAMP)
 
 cluster-bin: dev-venv
 	bash tests/cluster/build.sh
