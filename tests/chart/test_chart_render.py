@@ -32,6 +32,22 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
 
 
+@pytest.mark.parametrize("values", [
+    ("--set", "watchNamespaces={a,b}"),
+    ("--set", "metrics.enabled=false", "--set", "rbac.create=false"),
+    ("--set", "nodeSelector.pool=system", "--set", "tolerations[0].key=k,tolerations[0].operator=Exists",
+     "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+     "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+     "--set", "imagePullSecrets[0].name=pull", "--set", "extraEnv[0].name=A,extraEnv[0].value=b",
+     "--set", "priorityClassName=system-cluster-critical", "--set", "podAnnotations.a=b"),
+], ids=["namespaced", "metrics-and-rbac-off", "placement-and-extras"])
+def test_toggled_renders_are_valid_kubernetes_objects(render_chart, values):
+    import kubernetes_validate
+
+    for obj in render_chart(*values):
+        kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
+
+
 def _operator_container(objects):
     deployment = one(objects, "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
