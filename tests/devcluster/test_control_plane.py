@@ -65,7 +65,14 @@ def until(predicate, timeout: float = 30, interval: float = 0.25, what: str = "c
 def apply_crd(kube_cluster, crd: dict) -> str:
     kube_cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(crd))
     name = crd["metadata"]["name"]
-    kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+    extensions = client.ApiextensionsV1Api(kube_cluster.api_client)
+
+    # Polled here: `kubectl wait` fails outright while a new CRD has no conditions yet.
+    def established():
+        conditions = extensions.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    until(established, what=f"CRD {name} Established")
     return name
 
 
@@ -214,3 +221,40 @@ def test_service_account_token_with_narrow_role_is_refused_the_rest(kube_cluster
             refused()
         assert denied.value.status == 403
         assert f"system:serviceaccount:{namespace}:reader" in denied.value.body
+
+
+def test_suspended_job_starts_when_unsuspended_and_stops_when_suspended(kube_cluster, namespace):
+    """Kueue is not installed: tests play it by flipping spec.suspend."""
+    batch = client.BatchV1Api(kube_cluster.api_client)
+    core = kube_cluster.core_v1
+    job = gpu_job("queued", gpus=8)
+    job["spec"]["suspend"] = True
+    batch.create_namespaced_job(namespace, job)
+    time.sleep(1)
+    assert job_pods(core, namespace, "queued") == []
+
+    batch.patch_namespaced_job("queued", namespace, {"spec": {"suspend": False}})
+    (pod,) = until(lambda: job_pods(core, namespace, "queued"), what="the admitted Job's pod")
+    wait_for_pod_phase(core, namespace, pod.metadata.name, "Running")
+
+    batch.patch_namespaced_job("queued", namespace, {"spec": {"suspend": True}})
+    until(lambda: not job_pods(core, namespace, "queued"), what="the suspended Job's pod to go")
+
+    def suspended():
+        conditions = batch.read_namespaced_job_status("queued", namespace).status.conditions or []
+        return any(c.type == "Suspended" and c.status == "True" for c in conditions)
+
+    until(suspended, what="condition Suspended")
+
+
+def test_finished_job_is_removed_after_its_ttl(kube_cluster, namespace):
+    batch = client.BatchV1Api(kube_cluster.api_client)
+    core = kube_cluster.core_v1
+    job = gpu_job("short-lived", gpus=1)
+    job["spec"]["ttlSecondsAfterFinished"] = 0
+    batch.create_namespaced_job(namespace, job)
+    (pod,) = until(lambda: job_pods(core, namespace, "short-lived"), what="the Job's pod")
+    wait_for_pod_phase(core, namespace, pod.metadata.name, "Running")
+    drive_pod_success(core, namespace, pod.metadata.name)
+    until(lambda: not batch.list_namespaced_job(namespace, field_selector="metadata.name=short-lived").items,
+          what="the TTL-after-finished controller to delete the Job")
