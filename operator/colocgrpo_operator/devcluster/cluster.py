@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -80,6 +81,9 @@ class DevCluster:
             folder = binaries_dir()
             if (folder / "kwokctl").is_file():
                 self._kwokctl(folder, "delete", "cluster", check=False)
+            # kwokctl may be gone (pins bumped, cache cleaned) or may have failed half-way:
+            # stop whatever its pid files still name, so no process outlives `down`.
+            self._stop_recorded_processes()
         shutil.rmtree(self.cluster_dir, ignore_errors=True)
         self._config_file.unlink(missing_ok=True)
         self._fake_log.unlink(missing_ok=True)
@@ -140,6 +144,27 @@ class DevCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError("kube-controller-manager did not create the default ServiceAccount")
             time.sleep(0.5)
+
+    def _stop_recorded_processes(self, grace: float = 5) -> None:
+        pids = []
+        for pid_file in (self.cluster_dir / "pids").glob("*.pid"):
+            try:
+                pid = int(pid_file.read_text().strip())
+                # Only a process running a binary of this cluster is ours to stop.
+                if str(self.cluster_dir) in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGTERM)
+                    pids.append(pid)
+            except (OSError, ValueError):
+                continue
+        deadline = time.monotonic() + grace
+        for pid in pids:
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if Path(f"/proc/{pid}").exists():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
     def _kwokctl(self, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         env = {**os.environ, "KWOK_WORKDIR": str(self.workdir)}
