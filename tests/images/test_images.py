@@ -146,3 +146,39 @@ def test_trainer_pins_resolve_for_linux_x86_64_cpython_312():
     # torch's CUDA runtime is 13.0, matching the CUDA base image.
     assert resolved["nvidia-cuda-runtime"].startswith("13.0.")
     assert "flash-attn" not in resolved  # opt-in only (Dockerfile build arg)
+
+
+@pytest.mark.slow
+def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp_path):
+    """The operator Dockerfile's build stage, run here: copy exactly what it COPYs, install `.[operator]` into a
+    fresh venv, and check the entrypoint starts and the ML stack is absent."""
+    import shutil
+    import sys
+    import venv
+
+    text = OPERATOR_DOCKERFILE.read_text()
+    build_stage = text.split("FROM python:3.11-slim", 2)[1]
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", build_stage, re.M)
+    assert copied == ["pyproject.toml README.md", "operator/", "training/"], copied
+    context = tmp_path / "src"
+    context.mkdir()
+    for source in " ".join(copied).split():
+        path = REPO / source
+        if path.is_dir():
+            shutil.copytree(path, context / source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(path, context / source)
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", ".[operator]"],
+                   cwd=context, check=True, env=clean_env)
+    help_text = subprocess.run([str(env_dir / "bin" / "colocgrpo"), "operator", "--help"], cwd=tmp_path,
+                               capture_output=True, text=True, env=clean_env, check=True).stdout
+    assert "--liveness-port" in help_text and "--trainer-image" in help_text
+    probe = "import importlib.util as u; print([m for m in ('torch','vllm','trl','transformers','deepspeed') if u.find_spec(m)])"
+    found = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                           env=clean_env, check=True).stdout.strip()
+    assert found == "[]"
