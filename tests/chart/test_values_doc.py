@@ -64,3 +64,17 @@ def test_every_object_with_keys_is_closed_and_every_key_described():
             yield ".".join(path)
 
     assert set(leaves(VALUES)) <= documented
+
+
+def test_chart_versions_and_default_images_match_the_code():
+    """Chart appVersion = the package version; the chart's default trainer image = the operator's built-in one."""
+    import tomllib
+
+    import colocgrpo_operator
+    from colocgrpo_operator.render import DEFAULT_TRAINER_IMAGE
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == version == colocgrpo_operator.__version__
+    assert VALUES["trainerImage"] == DEFAULT_TRAINER_IMAGE
+    assert VALUES["trainerImage"].endswith(f":{version}")
