@@ -81,3 +81,21 @@ def test_eviction_api_marks_deletes_and_terminates(kube_cluster, namespace):
     while not gone():
         assert time.monotonic() < deadline, "the evicted pod was never removed"
         time.sleep(0.2)
+
+
+def test_per_pod_fake_logs_and_appending(kube_cluster, namespace):
+    from colocgrpo_operator.devcluster.fake_logs import append_fake_logs
+
+    running_pod(kube_cluster, namespace, "rank0", containers=2)
+    log_file = kube_cluster.set_fake_logs(namespace, "rank0", ["step 1 reward 0.1"], container="c0")
+
+    def logs(container):
+        return kube_cluster.kubectl("logs", "-n", namespace, "rank0", "-c", container, check=False).stdout
+
+    deadline = time.monotonic() + 15
+    while logs("c0") != "step 1 reward 0.1\n":  # kwok picks the Logs object up through a watch
+        assert time.monotonic() < deadline, logs("c0")
+        time.sleep(0.2)
+    append_fake_logs(log_file, ["step 2 reward 0.3"])
+    assert logs("c0").splitlines() == ["step 1 reward 0.1", "step 2 reward 0.3"]
+    assert logs("c1").splitlines() == FAKE_LOG_LINES  # other containers keep the cluster-wide lines

@@ -35,6 +35,12 @@ class ClusterHandle:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         return run([str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check)
 
+    def set_fake_logs(self, namespace: str, pod: str, lines: list[str], container: str | None = None) -> Path:
+        """Make `kubectl logs` of a fake pod print `lines` (see devcluster.fake_logs)."""
+        from colocgrpo_operator.devcluster.fake_logs import set_fake_logs
+
+        return set_fake_logs(self.api_client, self.kubeconfig, namespace, pod, lines, container)
+
     def new_namespace(self, hint: str = "t") -> str:
         """Create a uniquely named namespace (its `default` ServiceAccount may lag a moment)."""
         base = re.sub(r"[^a-z0-9-]+", "-", hint.lower()).strip("-")[:40] or "t"

@@ -44,6 +44,8 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
         "etcdBinary": str(binaries["etcd"]),
         "kubectlBinary": str(binaries.kubectl),
         "quietPull": True,
+        # Per-pod fake logs (fake_logs.py) are kwok `Logs` objects in the cluster.
+        "enableCRDs": ["Logs"],
     }
     docs: list[dict] = [
         {
