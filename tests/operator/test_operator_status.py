@@ -426,3 +426,33 @@ def test_garbage_never_crashes(job, pods, previous, progress, nodes, restarts):
                                       "Succeeded", "Failed"}
     assert "progress" not in result.status
     json.dumps(result.status)
+
+
+def test_pods_deleted_on_purpose_are_not_failures():
+    # A suspended-then-resumed Job: the pod killed by the suspension lingers as Failed (exit 143).
+    killed = failed(0, exit_code=143)
+    killed["metadata"]["deletionTimestamp"] = "2026-01-02T03:02:00Z"
+    result = assess(RunFacts(nodes=1), batch_job(), [killed, pod(0)], None, NOW)
+    assert result.phase == "Running"
+    assert result.action is Action.NONE
+
+
+def test_deleted_pod_counts_when_the_job_itself_failed():
+    killed = failed(0, exit_code=143)
+    killed["metadata"]["deletionTimestamp"] = "2026-01-02T03:02:00Z"
+    job = batch_job(conditions=[{"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"}])
+    result = assess(RunFacts(nodes=1, max_restarts=1), job, [killed], None, NOW)
+    assert result.action is Action.RESTART_GANG
+    assert result.status["restarts"] == 1
+
+
+def test_oom_first_then_job_controller_deletes_the_rest_is_counted():
+    cause = failed(0, reason="OOMKilled", exit_code=137, finished="2026-01-02T03:01:00Z")
+    deleted = failed(1, exit_code=143, finished="2026-01-02T03:01:30Z",
+                     conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                                  "lastTransitionTime": "2026-01-02T03:01:20Z"}])
+    deleted["metadata"]["deletionTimestamp"] = "2026-01-02T03:01:10Z"
+    job = batch_job(conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
+    result = assess(FACTS, job, [deleted, cause], None, NOW)
+    assert result.status["lastFailure"]["reason"] == "OOMKilled"
+    assert result.status["restarts"] == 1

@@ -3,14 +3,17 @@
 Children are watched, not polled: kopf keeps three in-memory indices fed by one watch
 stream per kind (server-side filtered by the `colocgrpo.io/job-name` label):
 ColocGRPOJobs by (namespace, name), their batch Jobs and their pods by the same key.
-Any event of a Job or pod re-reconciles the job it belongs to; a periodic re-check of
-active jobs covers stall detection and anything a dropped watch missed.
+Any event of a Job or pod re-reconciles the job it belongs to; one operator-wide re-check
+loop covers stall detection and anything a dropped watch missed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,7 +21,7 @@ import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
 from colocgrpo_operator.controller import settings as _settings  # noqa: F401  (registers startup/cleanup)
-from colocgrpo_operator.controller.reconciler import Key, Reconciler
+from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, job_resource_snapshot, pod_snapshot
 from colocgrpo_operator.controller.status import TERMINAL_PHASES, parse_time
 
@@ -63,11 +66,15 @@ def _first(index: kopf.Index, key: Key) -> Any:
     return None
 
 
-def _inputs(key: Key, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
-            pods_by_owner: kopf.Index) -> tuple[Any, Any, list[dict[str, Any]]]:
-    """A consistent snapshot (taken on the event loop, so the indices cannot change under it)."""
-    pods = list(pods_by_owner.get(key) or [])
-    return _first(jobs_by_name, key), _first(batch_jobs_by_owner, key), pods
+def _reader(key: Key, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
+            pods_by_owner: kopf.Index) -> Callable[[], Inputs]:
+    """Reads one job's inputs from the indices when called (on the event loop, so the
+    indices cannot change while it copies them)."""
+
+    def read() -> Inputs:
+        return (_first(jobs_by_name, key), _first(batch_jobs_by_owner, key), list(pods_by_owner.get(key) or []))
+
+    return read
 
 
 def _reconciler(memo: kopf.Memo) -> Reconciler:
@@ -80,15 +87,17 @@ def _reconciler(memo: kopf.Memo) -> Reconciler:
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE)
-async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, reason: str,
+async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, reason: Any,
                         jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index,
                         **_: Any) -> None:
     """Validate, apply every child (idempotently) and derive status. Safe to run any number
     of times: on create, on every spec change, and for every job when the operator starts."""
     key = (namespace, name)
-    _, job, pods = _inputs(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner)
-    cr = job_resource_snapshot(body)  # the freshest view: this very event's body
-    await _reconciler(memo).reconcile(key, cr, job, pods, trigger=getattr(reason, "value", str(reason)), ensure_children=True)
+    await _reconciler(memo).reconcile(
+        key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+        trigger=getattr(reason, "value", str(reason)), ensure_children=True,
+        fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
+    )
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
@@ -98,12 +107,12 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, lo
                         **_: Any) -> None:
     """A Job or pod of some job changed (or vanished): re-derive that job's status."""
     key = (namespace, labels.get(JOB_NAME_LABEL, ""))
-    cr, job, pods = _inputs(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner)
-    if cr is None:
+    if _first(jobs_by_name, key) is None:
         return  # an orphan, or a job being deleted: garbage collection handles it
     try:
-        await _reconciler(memo).reconcile(key, cr, job, pods, trigger="child")
-    except Exception as error:  # event handlers are not retried; the re-check timer will be
+        await _reconciler(memo).reconcile(key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+                                          trigger="child")
+    except Exception as error:  # event handlers are not retried; the re-check will be
         logger.warning("reconcile of %s/%s after a child event failed (will re-check): %s", *key, error)
 
 
@@ -114,22 +123,48 @@ async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo
         _reconciler(memo).forget((namespace, name))
 
 
-def _is_active(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") not in TERMINAL_PHASES
+# ----------------------------------------------------------------------------- re-check
 
 
-@kopf.timer(*RESOURCE, interval=RECHECK_SECONDS, when=_is_active, idle=None)
-async def recheck_active_job(namespace: str, name: str, memo: kopf.Memo, jobs_by_name: kopf.Index,
-                             batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
-    """Periodic re-derivation of an active job: stall detection needs a clock, not an event.
+@kopf.on.startup()
+async def start_recheck(memo: kopf.Memo, logger: logging.Logger, jobs_by_name: kopf.Index,
+                        batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
+    """One operator-wide loop re-derives every active job every RECHECK_SECONDS.
 
-    It reads the same indices as the event handlers and goes through the same per-job lock,
-    so it cannot race the create handler into a second decision; with nothing changed it
-    makes no API call at all.
+    Stall detection needs a clock, not an event, and the loop repairs anything a dropped watch
+    missed. One loop rather than a kopf timer per job: a timer would put a finalizer on every
+    active job (a patch each, and deletion blocked while the operator is down) and keep a task
+    per job. It reads the same indices through the same per-job lock as the event handlers, so
+    it cannot race the create handler into a second decision; with nothing changed it makes no
+    API call. It first runs one period after startup, once kopf has listed everything.
     """
-    key = (namespace, name)
-    cr, job, pods = _inputs(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner)
-    await _reconciler(memo).reconcile(key, cr, job, pods, trigger="timer")
+
+    async def loop() -> None:
+        reconciler = _reconciler(memo)
+        while True:
+            await asyncio.sleep(RECHECK_SECONDS)
+            for key in list(jobs_by_name.keys()):
+                cr = _first(jobs_by_name, key)
+                if cr is None or (cr.get("status") or {}).get("phase") in TERMINAL_PHASES:
+                    continue
+                try:
+                    await reconciler.reconcile(key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+                                               trigger="recheck")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    logger.warning("re-check of %s/%s failed: %s", *key, error)
+
+    memo.recheck_task = asyncio.get_running_loop().create_task(loop(), name="colocgrpo-recheck")
+
+
+@kopf.on.cleanup()
+async def stop_recheck(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "recheck_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 # ----------------------------------------------------------------------------- TTL

@@ -20,7 +20,8 @@ import json
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 import kopf
 from kubernetes.client.exceptions import ApiException
@@ -31,6 +32,8 @@ from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 
 Key = tuple[str, str]  # (namespace, name)
+# (the ColocGRPOJob, its batch Job, the Job's pods) as the indices hold them now
+Inputs = tuple[Optional[dict[str, Any]], Optional[dict[str, Any]], list[dict[str, Any]]]
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
@@ -118,6 +121,7 @@ class Reconciler:
         self.logger = logger
         self.phases = PhaseBook()
         self._locks: dict[Key, asyncio.Lock] = {}
+        self._queued: set[Key] = set()
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
         # Our own last status write per job, with its resourceVersion: the watch (and so the
         # index) may lag behind it, and deciding from an older status could count twice.
@@ -150,17 +154,31 @@ class Reconciler:
     async def reconcile(
         self,
         key: Key,
-        cr: dict[str, Any] | None,
-        job: dict[str, Any] | None,
-        pods: list[dict[str, Any]],
+        read_inputs: Callable[[], Inputs],
         *,
         trigger: str,
         ensure_children: bool = False,
+        fresh_cr: dict[str, Any] | None = None,
     ) -> None:
         """Bring one job's children and status in line with the world. Raises on API errors
-        (kopf retries handler-triggered reconciles; the periodic re-check covers the rest)."""
+        (kopf retries handler-triggered reconciles; the periodic re-check covers the rest).
+
+        Inputs are read only once the job's lock is held, so a burst of pod and Job events
+        collapses: while one reconcile of a job waits for the lock, further event-triggered
+        ones return at once — the waiting one will see their changes too.
+        """
+        coalescible = not ensure_children
+        if coalescible:
+            if key in self._queued:
+                return
+            self._queued.add(key)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
+            if coalescible:
+                self._queued.discard(key)
+            cr, job, pods = read_inputs()
+            if fresh_cr is not None:
+                cr = fresh_cr
             started = time.perf_counter()
             try:
                 await self._reconcile_locked(key, cr, job, pods, ensure_children=ensure_children)

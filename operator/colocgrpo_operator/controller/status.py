@@ -250,21 +250,30 @@ def _pod_failure(pod: dict[str, Any]) -> Failure:
 
 
 def _failure_time(pod: dict[str, Any]) -> str:
+    """When the pod died: its containers' finish, or when it was marked disrupted or deleted."""
     times = []
     for status in _container_statuses(pod):
         finished = _get(status, "state", "terminated", "finishedAt")
         if isinstance(finished, str):
             times.append(finished)
+    disruption = _pod_condition(pod, "DisruptionTarget")
+    if disruption and isinstance(disruption.get("lastTransitionTime"), str):
+        times.append(disruption["lastTransitionTime"])
+    deleted = _get(pod, "metadata", "deletionTimestamp")
+    if isinstance(deleted, str):
+        times.append(deleted)
     return min(times) if times else "~"  # "~" sorts after digits: pods without times go last
 
 
 def classify_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure | None:
     """Why the current gang failed, or None while it has not.
 
-    The gang has failed when the Job says so (Failed or FailureTarget) or any of its pods
-    failed: one dead rank stalls every collective, so the whole gang restarts. The first
-    pod to die is the cause; the others usually die of it (NCCL timeouts). Any disrupted
-    pod (eviction, preemption) makes the whole failure uncounted.
+    The gang has failed when the Job says so (Failed or FailureTarget) or one of its pods
+    failed on its own: one dead rank stalls every collective, so the whole gang restarts. A
+    pod that failed because it was deleted (suspension, a scale-down, namespace teardown) is
+    not evidence by itself; only the Job's own verdict makes it one. The first pod to die is
+    the cause — the others usually die of it (NCCL timeouts, or the Job controller deleting
+    them) — and a cause that was evicted or preempted makes the failure uncounted.
     """
     if _get(job, "spec", "suspend") is True:
         return None  # pods of a suspended Job are deleted on purpose
@@ -272,14 +281,13 @@ def classify_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure
     job_failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
     if job_failed and job_failed.get("reason") == "DeadlineExceeded":
         return Failure("DeadlineExceeded", _truncate(job_failed.get("message") or "the job ran past activeDeadlineSeconds"))
-    if not failed_pods and not job_failed:
+    evidence = [p for p in failed_pods if not _get(p, "metadata", "deletionTimestamp")]
+    if not evidence and not job_failed:
         return None
-    for pod in failed_pods:
-        disruption = _pod_failure(pod)
-        if not disruption.counted:
-            return disruption
-    if failed_pods:
-        first = min(failed_pods, key=lambda p: (_failure_time(p), str(_get(p, "metadata", "name"))))
+    candidates = failed_pods if job_failed else evidence
+    if candidates:
+        first = min(candidates, key=lambda p: (_failure_time(p), _disruption(p) is None,
+                                               str(_get(p, "metadata", "name"))))
         return _pod_failure(first)
     return Failure(str(job_failed.get("reason") or "Error"),
                    _truncate(job_failed.get("message") or "the batch Job failed"))
@@ -288,7 +296,7 @@ def classify_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure
 # ----------------------------------------------------------------------------- waiting pods
 
 
-def _waiting_reason(pods: list[dict[str, Any]], nodes: int) -> tuple[str, str]:
+def _waiting_reason(pods: list[dict[str, Any]], nodes: int, running: int) -> tuple[str, str]:
     """The most telling reason the gang is not all running yet, with a message."""
     ranked: list[tuple[int, str, str]] = []
     for pod in pods:
@@ -314,7 +322,6 @@ def _waiting_reason(pods: list[dict[str, Any]], nodes: int) -> tuple[str, str]:
     if ranked:
         _, reason, message = min(ranked)
         return reason, _truncate(message)
-    running = sum(1 for p in pods if _get(p, "status", "phase") == "Running")
     return "WaitingForPods", f"{running}/{nodes} workers running"
 
 
@@ -584,7 +591,7 @@ def assess(
                       stalled=stalled, startTime=start_time)
 
     waiting = [p for p in current_pods if p not in running and _get(p, "status", "phase") != "Succeeded"]
-    reason, message = _waiting_reason(waiting, facts.nodes)
+    reason, message = _waiting_reason(waiting, facts.nodes, len(running))
     if not current_pods:
         reason, message = "WaitingForPods", f"0/{facts.nodes} workers created"
     return finish(STARTING, message, (False, reason, message), startTime=start_time)
