@@ -229,6 +229,13 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
 
     chart = request.getfixturevalue(mode)
     sa_kubeconfig = chart.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
+    # In a real install the bindings exist long before the operator pod starts; here the process starts
+    # right after `helm install`, so first let the apiserver's RBAC cache see the new bindings.
+    deadline = time.monotonic() + 30
+    while not (can_i(kube_cluster, sa_kubeconfig, "watch", "colocgrpojobs.colocgrpo.io", "-n", namespace)
+               and can_i(kube_cluster, sa_kubeconfig, "create", "jobs.batch", "-n", namespace)):
+        assert time.monotonic() < deadline, "the chart's RBAC never took effect"
+        time.sleep(0.3)
     liveness, metrics = _free_port(), _free_port()
     args = _with_host_ports(chart.operator_args(), liveness, metrics)
     log_path = tmp_path / "operator.log"
@@ -241,7 +248,8 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
         )
 
     def log_tail() -> str:
-        return log_path.read_text()[-6000:]
+        log = log_path.read_text()
+        return log if len(log) < 9000 else f"{log[:3000]}\n[...]\n{log[-6000:]}"
 
     try:
         status, body = _http_get(f"http://127.0.0.1:{liveness}/healthz")
