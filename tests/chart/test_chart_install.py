@@ -297,3 +297,26 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
     # kopf logs a permission gap and carries on: a sufficient RBAC leaves no such line.
     for needle in ("forbidden", "not enough permissions"):
         assert needle.lower() not in log.lower(), f"{needle!r} in the operator log:\n{log[-6000:]}"
+
+
+def test_helm_upgrade_switches_to_namespaced_rbac_and_back(cluster_wide, kube_cluster, namespace, tmp_path):
+    from helm_chart import CHART, run_helm
+
+    def upgrade(*values: str) -> None:
+        run_helm(cluster_wide.helm, "upgrade", cluster_wide.release, str(CHART), "--namespace", namespace,
+                 *values, kubeconfig=kube_cluster.kubeconfig)
+
+    upgrade("--set", f"watchNamespaces={{{namespace}}}")
+    sa = cluster_wide.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
+    kube_cluster.kubectl("-n", namespace, "get", "role", cluster_wide.fullname)
+    assert cluster_wide.operator_args()[0] == f"--namespace={namespace}"
+    deadline = time.monotonic() + 30
+    while can_i(kube_cluster, sa, "list", "colocgrpojobs.colocgrpo.io", "--all-namespaces"):
+        assert time.monotonic() < deadline, "the cluster-wide grant outlived the upgrade"
+        time.sleep(0.3)
+    assert can_i(kube_cluster, sa, "list", "colocgrpojobs.colocgrpo.io", "-n", namespace)
+
+    upgrade("--reset-values")
+    assert kube_cluster.kubectl("-n", namespace, "get", "role", cluster_wide.fullname, check=False).returncode != 0
+    assert cluster_wide.operator_args()[0] == "--all-namespaces"
+    assert cluster_wide.deployment()["spec"]["strategy"] == {"type": "Recreate"}
