@@ -115,6 +115,8 @@ class ColocatedVLLM(VLLMGeneration):
         os.environ["WORLD_SIZE"] = str(world)
         ensure_master_addr_port()
 
+        # Fixed for the engine's life: vLLM cannot switch sleep mode on after it is built.
+        self.sleep_mode_enabled = self.sleep_policy is not SleepPolicy.OFF
         start = time.perf_counter()
         self.llm = LLM(
             model=self.model.name_or_path,
@@ -122,7 +124,7 @@ class ColocatedVLLM(VLLMGeneration):
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_length,
             max_num_seqs=self.max_num_seqs,
-            enable_sleep_mode=self.sleep_policy is not SleepPolicy.OFF,
+            enable_sleep_mode=self.sleep_mode_enabled,
             enable_prefix_caching=self.settings.enable_prefix_caching,
             model_impl=self.model_impl,
             distributed_executor_backend="external_launcher",
@@ -204,7 +206,9 @@ class ColocatedVLLM(VLLMGeneration):
         """Switch the sleep policy at run time (tests, benchmarks: one engine per process).
         Wakes the engine with the current weights first, so the new record starts true."""
         policy = SleepPolicy(policy)
-        if policy is not SleepPolicy.OFF and self.sleep_policy is SleepPolicy.OFF:
+        # The build-time setting decides, not the current policy: an engine built with sleep
+        # mode may switch to "off" and back.
+        if policy is not SleepPolicy.OFF and not self.sleep_mode_enabled:
             raise ValueError("the engine was built without sleep mode; build it with a sleeping policy")
         version = self.weight_version()
         self.controller.prepare(self, version)
@@ -254,6 +258,14 @@ class ColocatedVLLM(VLLMGeneration):
             "logprobs": self.logprobs,
         }
         base.update(self.generation_kwargs)
+        # As TRL's colocate path: the regex option wins over a structured_outputs dict.
+        if self.structured_outputs_regex is not None or isinstance(base.get("structured_outputs"), dict):
+            from vllm.sampling_params import StructuredOutputsParams
+
+            if self.structured_outputs_regex is not None:
+                base["structured_outputs"] = StructuredOutputsParams(regex=self.structured_outputs_regex)
+            else:
+                base["structured_outputs"] = StructuredOutputsParams(**base["structured_outputs"])
         if tp > 1:
             # Ranks of a group must sample identically; the process RNG differs per rank
             # (the trainer seeds per device), so every request carries the group's seed.
