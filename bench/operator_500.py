@@ -112,6 +112,30 @@ class JobWatcher(threading.Thread):
                 break
 
 
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller", "kube-scheduler", "kwok-controller")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def control_plane_cpu(cluster_dir: Path) -> dict[str, float]:
+    """CPU seconds so far of this cluster's control-plane processes (by their folder), by name."""
+    totals: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            if name.startswith(CONTROL_PLANE) and str(cluster_dir) in cmdline:
+                totals[name] = totals.get(name, 0.0) + cpu_seconds(int(entry.name))
+        except OSError:
+            continue
+    return totals
+
+
 def rss_kib(pid: int) -> tuple[int, int]:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
@@ -181,6 +205,8 @@ def main() -> int:
         watcher.start()
         watcher.ready.wait(10)
         api_before = apiserver_requests(api)
+        cpu_before = cpu_seconds(operator.pid)
+        plane_before = control_plane_cpu(kubeconfig.parent)
         op_before = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
 
         names = [f"bench-{i:04d}" for i in range(args.count)]
@@ -212,6 +238,8 @@ def main() -> int:
         api_after = apiserver_requests(api)
         op_after = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
         rss, peak = rss_kib(operator.pid)
+        operator_cpu = cpu_seconds(operator.pid) - cpu_before
+        plane_after = control_plane_cpu(kubeconfig.parent)
         watcher.stop = True
         result.update(
             jobs_seen=len(latencies),
@@ -229,6 +257,9 @@ def main() -> int:
             operator_handler_requests_per_job=round((op_after - op_before) / args.count, 2),
             apiserver_requests_per_job_all_clients=round((api_after[0] - api_before[0]) / args.count, 2),
             apiserver_colocgrpojobs_requests_per_job=round((api_after[1] - api_before[1]) / args.count, 2),
+            operator_cpu_seconds=round(operator_cpu, 1),
+            control_plane_cpu_seconds={k: round(v - plane_before.get(k, 0.0), 1) for k, v in plane_after.items()},
+            load_average_at_end=os.getloadavg(),
             cpu_count=os.cpu_count(),
         )
     finally:

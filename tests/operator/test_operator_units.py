@@ -140,3 +140,18 @@ def test_logs_picks_the_newest_live_pod_of_the_rank():
     assert pick_pod(pods, 1)["metadata"]["name"] == "new"
     assert pick_pod(pods, 0)["metadata"]["name"] == "zero"
     assert pick_pod(pods, 2) is None
+
+
+def test_ttl_deadline_derives_from_completion_time():
+    from datetime import datetime, timezone
+
+    from colocgrpo_operator.controller.housekeeping import ttl_deadline
+
+    cr = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 30}},
+          "status": {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}}
+    assert ttl_deadline(cr) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
+    assert ttl_deadline(dict(cr, status={"phase": "Running", "completionTime": "2026-01-01T00:00:00Z"})) is None
+    assert ttl_deadline(dict(cr, spec={})) is None
+    assert ttl_deadline(dict(cr, status={"phase": "Failed"})) is None
+    assert ttl_deadline({"spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}},
+                         "status": {"phase": "Failed", "completionTime": "2026-01-01T00:00:00Z"}}) is not None

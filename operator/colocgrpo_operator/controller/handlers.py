@@ -14,16 +14,15 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
 from colocgrpo_operator.controller import settings as _settings  # noqa: F401  (registers startup/cleanup)
+from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, job_resource_snapshot, pod_snapshot
-from colocgrpo_operator.controller.status import TERMINAL_PHASES, parse_time
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
@@ -98,6 +97,7 @@ async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.M
         trigger=getattr(reason, "value", str(reason)), ensure_children=True,
         fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
     )
+    _reconciler(memo).wake_up()  # a changed TTL or a finished job: let the clock look again
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
@@ -123,85 +123,31 @@ async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo
         _reconciler(memo).forget((namespace, name))
 
 
-# ----------------------------------------------------------------------------- re-check
+# ----------------------------------------------------------------------------- the clock
 
 
 @kopf.on.startup()
-async def start_recheck(memo: kopf.Memo, logger: logging.Logger, jobs_by_name: kopf.Index,
-                        batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
-    """One operator-wide loop re-derives every active job every RECHECK_SECONDS.
-
-    Stall detection needs a clock, not an event, and the loop repairs anything a dropped watch
-    missed. One loop rather than a kopf timer per job: a timer would put a finalizer on every
-    active job (a patch each, and deletion blocked while the operator is down) and keep a task
-    per job. It reads the same indices through the same per-job lock as the event handlers, so
-    it cannot race the create handler into a second decision; with nothing changed it makes no
-    API call. It first runs one period after startup, once kopf has listed everything.
-    """
-
-    async def loop() -> None:
-        reconciler = _reconciler(memo)
-        while True:
-            await asyncio.sleep(RECHECK_SECONDS)
-            for key in list(jobs_by_name.keys()):
-                cr = _first(jobs_by_name, key)
-                if cr is None or (cr.get("status") or {}).get("phase") in TERMINAL_PHASES:
-                    continue
-                try:
-                    await reconciler.reconcile(key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
-                                               trigger="recheck")
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    logger.warning("re-check of %s/%s failed: %s", *key, error)
-
-    memo.recheck_task = asyncio.get_running_loop().create_task(loop(), name="colocgrpo-recheck")
+async def start_housekeeping(memo: kopf.Memo, logger: logging.Logger, jobs_by_name: kopf.Index,
+                             batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
+    """Start the operator-wide loop that re-checks active jobs every RECHECK_SECONDS (stall
+    detection needs a clock, and it repairs anything a dropped watch missed) and deletes
+    finished jobs when their TTL passes; see controller/housekeeping.py for why it is one loop
+    and not kopf timers. It goes through the same per-job lock as the event handlers, so it
+    cannot race them into a second decision; with nothing changed it makes no API call."""
+    housekeeper = Housekeeper(
+        reconciler=_reconciler(memo),
+        jobs=jobs_by_name,
+        read_inputs=lambda key: _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner)(),
+        recheck_seconds=RECHECK_SECONDS,
+        logger=logging.getLogger("colocgrpo.operator"),
+    )
+    memo.housekeeping = asyncio.get_running_loop().create_task(housekeeper.run(), name="colocgrpo-housekeeping")
 
 
 @kopf.on.cleanup()
-async def stop_recheck(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "recheck_task", None)
+async def stop_housekeeping(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "housekeeping", None)
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-# ----------------------------------------------------------------------------- TTL
-
-
-def _ttl_deadline(spec: kopf.Spec, status: kopf.Status) -> datetime | None:
-    ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
-    finished = parse_time(status.get("completionTime"))
-    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0 or finished is None:
-        return None
-    from datetime import timedelta
-
-    return finished + timedelta(seconds=ttl)
-
-
-def _finished_with_ttl(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") in TERMINAL_PHASES and _ttl_deadline(spec, status) is not None
-
-
-def _seconds_until_ttl(spec: kopf.Spec, status: kopf.Status, **_: Any) -> float:
-    # Derived from status.completionTime, so a restarted operator fires on the original time.
-    deadline = _ttl_deadline(spec, status)
-    if deadline is None:
-        return 0.0
-    return max((deadline - datetime.now(timezone.utc)).total_seconds(), 0.0)
-
-
-@kopf.timer(*RESOURCE, interval=5, when=_finished_with_ttl, initial_delay=_seconds_until_ttl)
-async def expire_finished_job(namespace: str, name: str, uid: str, spec: kopf.Spec, status: kopf.Status,
-                              memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Delete a finished job ttlSecondsAfterFinished after its completionTime (children follow
-    by garbage collection). The first tick is scheduled for the deadline itself; later ticks
-    only matter when the TTL was raised after the job finished."""
-    deadline = _ttl_deadline(spec, status)
-    if deadline is None or datetime.now(timezone.utc) < deadline:
-        return
-    reconciler = _reconciler(memo)
-    deleted = await reconciler._blocking(reconciler.kube.delete_job_resource, namespace, name, uid)
-    if deleted:
-        logger.info("deleted %s/%s: ttlSecondsAfterFinished passed", namespace, name)

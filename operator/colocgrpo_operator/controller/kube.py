@@ -105,15 +105,18 @@ class KubeApi:
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create; False when it already exists (409), which is success for a reconciler."""
+        return self.create_returning(obj) is not None
+
+    def create_returning(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create and return the stored object; None when it already exists (409)."""
         meta = obj["metadata"]
         try:
-            self.request("POST", object_path(obj["kind"], meta["namespace"]), body=obj,
-                         query={"fieldManager": self.field_manager})
+            return self.request("POST", object_path(obj["kind"], meta["namespace"]), body=obj,
+                                query={"fieldManager": self.field_manager}) or {}
         except ApiException as error:
             if error.status == 409:
-                return False
+                return None
             raise
-        return True
 
     def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background",
                uid: str | None = None) -> bool:

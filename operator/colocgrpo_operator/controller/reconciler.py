@@ -19,8 +19,8 @@ import functools
 import json
 import logging
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any, Optional
 
 import kopf
@@ -30,6 +30,7 @@ from colocgrpo_operator.api import JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
+from colocgrpo_operator.controller.snapshots import batch_job_snapshot
 
 Key = tuple[str, str]  # (namespace, name)
 # (the ColocGRPOJob, its batch Job, the Job's pods) as the indices hold them now
@@ -122,6 +123,7 @@ class Reconciler:
         self.phases = PhaseBook()
         self._locks: dict[Key, asyncio.Lock] = {}
         self._queued: set[Key] = set()
+        self._wakeup = asyncio.Event()
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
         # Our own last status write per job, with its resourceVersion: the watch (and so the
         # index) may lag behind it, and deciding from an older status could count twice.
@@ -142,6 +144,17 @@ class Reconciler:
                 self._specs.clear()
             parsed = self._specs[cache_key] = ParsedSpec(cr)
         return parsed
+
+    def wake_up(self) -> None:
+        """Make the housekeeping loop look now (a job finished, or its TTL changed)."""
+        self._wakeup.set()
+
+    async def wait_for_wakeup(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self._wakeup.clear()
 
     def forget(self, key: Key) -> None:
         """The job is gone: drop its caches and its phase from the gauge."""
@@ -214,21 +227,28 @@ class Reconciler:
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
         if job is not None and not _owned_by(job, meta.get("uid")):
             job = None
-        assessment = derive.assess(parsed.facts, job, pods, previous, now, progress)
-        desired = assessment.status
-        if parsed.plan_warning is not None:
-            warn, reason, message = parsed.plan_warning
-            desired = dict(desired, conditions=derive.set_condition(
-                desired.get("conditions", []), "PlanWarning", warn, reason, message, now, meta.get("generation")))
+        def decide(batch_job: dict[str, Any] | None) -> tuple[derive.Assessment, dict[str, Any]]:
+            assessment = derive.assess(parsed.facts, batch_job, pods, previous, now, progress)
+            desired = assessment.status
+            if parsed.plan_warning is not None:
+                warn, reason, message = parsed.plan_warning
+                desired = dict(desired, conditions=derive.set_condition(
+                    desired.get("conditions", []), "PlanWarning", warn, reason, message, now,
+                    meta.get("generation")))
+            return assessment, desired
 
+        assessment, desired = decide(job)
         action = assessment.action
         try:
             if ensure_children and desired.get("phase") not in derive.TERMINAL_PHASES:
-                await self._blocking(self._apply_children, cr, parsed)
+                await self._blocking(self._apply_children, cr, parsed, not previous)
             if action is derive.Action.CREATE_JOB:
                 created = await self._blocking(self._create_job, cr, parsed, desired, now)
-                if created:
+                if created is not None:
                     self.logger.info("created the gang's batch Job %s/%s", *key)
+                    # Judge from the Job just created, not from "no Job yet": saves writing a
+                    # Pending status that the Job's first watch event would overwrite at once.
+                    assessment, desired = decide(batch_job_snapshot(created))
         except ApiException as error:
             if error.status not in (400, 422):
                 raise
@@ -263,6 +283,8 @@ class Reconciler:
         response = await self._blocking(self.kube.patch_status, key[0], key[1], patch)
         self._written[key] = (_resource_version(response), desired)
         old_phase, new_phase = previous.get("phase"), desired.get("phase")
+        if new_phase in derive.TERMINAL_PHASES:
+            self.wake_up()
         if old_phase != new_phase:
             kopf.event(
                 _event_target(cr),
@@ -284,23 +306,30 @@ class Reconciler:
             kopf.adopt(child, owner=owner)
         return children
 
-    def _apply_children(self, cr: dict[str, Any], parsed: ParsedSpec) -> None:
+    def _apply_children(self, cr: dict[str, Any], parsed: ParsedSpec, new_job: bool) -> None:
         """Everything but the Job, server-side applied (creates or updates, idempotently).
 
-        The Job is left out: its pod template is immutable and its spec.suspend may belong to
-        Kueue, so it is only ever created (see _create_job) and its suspend patched on purpose.
+        For a job never reconciled before (no status yet) a plain create is tried first: it is
+        the common case and cheaper for the API server than an apply; a 409 falls back to the
+        apply. The Job is left out: its pod template is immutable and its spec.suspend may
+        belong to Kueue, so it is only ever created (see _create_job) and its suspend patched
+        on purpose.
         """
         for child in self._render(parsed, cr):
-            if child.get("kind") != "Job":
-                self.kube.apply(child)
+            if child.get("kind") == "Job":
+                continue
+            if new_job and self.kube.create(child):
+                continue
+            self.kube.apply(child)
 
-    def _create_job(self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any], now: datetime) -> bool:
+    def _create_job(self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any],
+                    now: datetime) -> dict[str, Any] | None:
         job = next(c for c in self._render(parsed, cr) if c.get("kind") == "Job")
         # A recreated gang gets what is left of the job's deadline, not a fresh one.
         remaining = derive.remaining_deadline(parsed.facts, status, now)
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
-        return self.kube.create(job)
+        return self.kube.create_returning(job)
 
 
 def _api_message(error: ApiException) -> str:

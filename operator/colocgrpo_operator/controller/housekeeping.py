@@ -1,0 +1,108 @@
+"""The operator-wide clock: re-check active jobs, delete finished ones when their TTL passes.
+
+One loop for all jobs rather than kopf timers per job, on purpose:
+- a kopf timer (or daemon) makes kopf put a finalizer on its job; a finalizer blocks the job's
+  deletion whenever the operator is not running, and kopf does not start serving a namespace
+  that is already terminating, so a namespace deleted while the operator was away would hang
+  forever. This operator adds no finalizer at all: children go by garbage collection.
+- one task instead of one per job keeps 500 jobs cheap (memory, wake-ups).
+
+Both duties derive everything from the indices (status.completionTime for the TTL), so a
+restarted operator fires on the original deadlines. The loop sleeps until the next TTL deadline
+or the next re-check, whichever is sooner, and is woken early when a job finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
+from colocgrpo_operator.controller.status import TERMINAL_PHASES, parse_time
+
+
+def ttl_deadline(cr: dict[str, Any] | None) -> datetime | None:
+    """completionTime + runPolicy.ttlSecondsAfterFinished of a finished job, else None."""
+    if not cr:
+        return None
+    status = cr.get("status") or {}
+    if status.get("phase") not in TERMINAL_PHASES:
+        return None
+    ttl = ((cr.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    finished = parse_time(status.get("completionTime"))
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0 or finished is None:
+        return None
+    return finished + timedelta(seconds=ttl)
+
+
+class Housekeeper:
+    def __init__(self, reconciler: Reconciler, jobs: Any, read_inputs: Callable[[Key], Inputs],
+                 recheck_seconds: float, logger: logging.Logger):
+        self.reconciler = reconciler
+        self.jobs = jobs  # the jobs_by_name index (live)
+        self.read_inputs = read_inputs
+        self.recheck_seconds = recheck_seconds
+        self.logger = logger
+        self._expired: set[tuple[Key, str]] = set()
+
+    async def run(self) -> None:
+        # The first re-check waits one period, so kopf has listed every Job and pod by then.
+        next_recheck = asyncio.get_running_loop().time() + self.recheck_seconds
+        while True:
+            loop_time = asyncio.get_running_loop().time()
+            if loop_time >= next_recheck:
+                await self._recheck_active()
+                next_recheck = asyncio.get_running_loop().time() + self.recheck_seconds
+            next_ttl = await self._expire_finished()
+            sleep = next_recheck - asyncio.get_running_loop().time()
+            if next_ttl is not None:
+                sleep = min(sleep, next_ttl)
+            await self.reconciler.wait_for_wakeup(max(sleep, 0.05))
+
+    async def _recheck_active(self) -> None:
+        for key in list(self.jobs.keys()):
+            cr = _first(self.jobs, key)
+            if cr is None or (cr.get("status") or {}).get("phase") in TERMINAL_PHASES:
+                continue
+            try:
+                await self.reconciler.reconcile(key, lambda key=key: self.read_inputs(key), trigger="recheck")
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # one job's API error must not stop the others' clock
+                self.logger.warning("re-check of %s/%s failed: %s", *key, error)
+
+    async def _expire_finished(self) -> float | None:
+        """Delete every job past its TTL; return seconds until the next deadline (or None)."""
+        now = datetime.now(timezone.utc)
+        soonest: float | None = None
+        for key in list(self.jobs.keys()):
+            cr = _first(self.jobs, key)
+            deadline = ttl_deadline(cr)
+            if deadline is None:
+                continue
+            uid = (cr.get("metadata") or {}).get("uid") or ""
+            if deadline > now:
+                left = (deadline - now).total_seconds()
+                soonest = left if soonest is None else min(soonest, left)
+                continue
+            if (key, uid) in self._expired or (cr.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            self._expired.add((key, uid))
+            try:
+                deleted = await self.reconciler._blocking(self.reconciler.kube.delete_job_resource, key[0], key[1], uid)
+            except Exception as error:
+                self._expired.discard((key, uid))  # try again on the next round
+                self.logger.warning("deleting %s/%s after its TTL failed: %s", *key, error)
+                continue
+            if deleted:
+                self.logger.info("deleted %s/%s: ttlSecondsAfterFinished passed", *key)
+        return soonest
+
+
+def _first(index: Any, key: Key) -> Any:
+    for value in index.get(key) or ():
+        return value
+    return None
