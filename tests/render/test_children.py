@@ -146,6 +146,8 @@ def test_volumes_shm_config_checkpoint_cache(seed):
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"] == "/dev/shm"
     assert volumes["config"]["configMap"]["name"] == "seed-qwen14b-tp4-config" and mounts["config"] == "/etc/colocgrpo"
     assert mounts["checkpoints"] == "/checkpoints" and mounts["cache"] == "/cache"
+    # The trainer image runs as gid 1000; volumes must be writable for it.
+    assert spec["securityContext"]["fsGroup"] == 1000
 
 
 def test_checkpoint_pvc_reward_configmap_and_offline_cache():

@@ -183,6 +183,9 @@ def _volumes_and_mounts(job: ColocGRPOJob) -> tuple[list[dict[str, Any]], list[d
     return volumes, mounts
 
 
+TRAINER_GID = 1000
+
+
 def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
     spec = job.spec
     volumes, mounts = _volumes_and_mounts(job)
@@ -212,6 +215,9 @@ def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
         # The trainer's rank 0 patches status.progress with this account's token.
         "automountServiceAccountToken": True,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # The trainer image runs as uid/gid 1000 (images/trainer/Dockerfile): make mounted
+        # volumes (checkpoint PVC, caches) group-writable for it without forcing a uid on custom images.
+        "securityContext": {"fsGroup": TRAINER_GID, "fsGroupChangePolicy": "OnRootMismatch"},
         "containers": [container],
         "volumes": volumes,
     }
