@@ -1,37 +1,46 @@
 """Learning run through the project's entrypoint (issue 7 §2), on a CUDA machine.
 
-`accelerate launch` (DeepSpeed ZeRO-3, one process per GPU) → `python -m colocgrpo_training
---config grpo.yaml` with vLLM colocated, on SmolLM2-135M-Instruct, task "What is a + b?"
-(a, b in 1..20, chat template, data generated here) with an exact-answer reward plus the
-format reward. Pass: mean reward of the last 10 steps ≥ mean of the first 10 + 0.1, and the
-vLLM↔trainer log-prob difference (TRL's sampling/sampling_logp_difference/mean) stays at
-or below the sleep-off run's (×1.1 for noise).
+`python -m accelerate.commands.launch` (DeepSpeed ZeRO-3, one process per GPU) →
+`-m colocgrpo_training --config grpo.yaml` with vLLM colocated, on SmolLM2-135M-Instruct,
+task "What is a + b?" (a, b in 1..20, chat template, data generated here) with an
+exact-answer reward — the setup in which TRL 1.16's own GRPOTrainer was measured to learn
+on this machine (reward 0.01 → 0.21 in 80 steps, shared/gpu/README.md). deepspeed.json and
+accelerate.yaml are the operator's own renderings (examples/seed-qwen14b-tp4.yaml) with
+the topology set to this machine.
 
-    python3 tests/gpu/learning_run.py --out DIR [--steps 100] [--reference-steps 20]
+Pass: mean reward of the last 10 steps ≥ mean of the first 10 + 0.1, and the vLLM↔trainer
+log-prob difference (TRL's sampling/sampling_logp_difference/mean) over the first
+`--reference-steps` steps stays within 1.2× of the sleep-off reference run over the same
+steps (same seed, same data order). `--smoke`: plumbing only (no criteria, no reference).
 
-Writes DIR/learning_run.json and DIR/reward_curve.csv; exits 1 when a criterion fails.
+    python3 tests/gpu/learning_run.py --out DIR [--steps 80] [--reference-steps 12] [--smoke]
+
+Writes DIR/learning_run.json and DIR/reward_curve.csv; exits 1 when a criterion fails,
+2 when a run fails or exceeds its time limit (its logs stay under DIR/run-*/).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
+RENDER_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
 
 REWARD_MODULE = textwrap.dedent(
     '''
-    import re
-
     def exact_answer(completions, solution, **kwargs):
         """1.0 when the completion is exactly the number (an optional trailing period allowed)."""
         out = []
@@ -42,8 +51,70 @@ REWARD_MODULE = textwrap.dedent(
     '''
 )
 
+# The fallback when the operator's renderer cannot be imported here (recorded in the result).
+FALLBACK_DEEPSPEED = {
+    "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_gather_16bit_weights_on_model_save": True},
+    "bf16": {"enabled": "auto"},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
 
-def write_inputs(work: Path, policy: str, steps: int, offload: bool) -> Path:
+
+def launch_files(work: Path, num_processes: int) -> tuple[dict, dict, str]:
+    """deepspeed.json and accelerate.yaml as the operator renders them for a GPU job, with the
+    topology of this one machine. accelerate refuses a config that sets mixed_precision next
+    to a deepspeed_config_file, and so does the rendering: precision lives in GRPOConfig."""
+    try:
+        import yaml
+
+        from colocgrpo_operator.api import parse_job
+        from colocgrpo_operator.render import accelerate_config, deepspeed_config
+
+        job = parse_job(yaml.safe_load(RENDER_EXAMPLE.read_text()))
+        ds, acc, source = deepspeed_config(job), accelerate_config(job), f"operator render of {RENDER_EXAMPLE.name}"
+    except Exception as err:  # noqa: BLE001 - any import/parse failure: fall back, say so
+        ds = FALLBACK_DEEPSPEED
+        acc = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "main_training_function": "main"}
+        source = f"fallback (operator render failed: {err!r})"
+    acc = dict(acc)
+    acc.update(
+        num_machines=1,
+        num_processes=num_processes,
+        machine_rank=0,
+        main_process_ip="127.0.0.1",
+        main_process_port=int(os.environ.get("COLOCGRPO_MASTER_PORT", "29511")),
+        deepspeed_config={
+            **acc.get("deepspeed_config", {}),
+            "deepspeed_config_file": str(work / "deepspeed.json"),
+            "deepspeed_multinode_launcher": "standard",
+        },
+    )
+    acc.pop("mixed_precision", None)
+    return ds, acc, source
+
+
+ACTIVE_CHILD: list[subprocess.Popen] = []
+
+
+def stop_children(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT (e.g. from `timeout`): take the launcher's process group down too —
+    it runs in its own session and would otherwise outlive us, holding the GPU."""
+    for proc in ACTIVE_CHILD:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=8)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    sys.exit(128 + signum)
+
+
+def write_inputs(
+    work: Path, policy: str, steps: int, grpo: dict[str, Any], offload: bool, dtype: str
+) -> tuple[Path, str]:
+    import yaml
+
     rng = random.Random(0)
     rows = []
     for _ in range(2000):
@@ -55,15 +126,9 @@ def write_inputs(work: Path, policy: str, steps: int, offload: bool) -> Path:
     config = {
         "version": 1,
         "job": {"name": f"learn-{policy}", "namespace": "default"},
-        "model": {"name_or_path": MODEL, "dtype": "bfloat16"},
-        "dataset": {
-            "name_or_path": str(work / "data.jsonl"),
-            "system_prompt": "Answer with only the number.",
-        },
-        "rewards": [
-            {"function": "arith_reward:exact_answer", "weight": 1.0},
-            {"function": "format", "weight": 0.5},
-        ],
+        "model": {"name_or_path": MODEL, "dtype": dtype},
+        "dataset": {"name_or_path": str(work / "data.jsonl")},
+        "rewards": [{"function": "arith_reward:exact_answer", "weight": 1.0}],
         "reward_modules_dir": str(work / "rewards"),
         "vllm": {
             "enabled": True,
@@ -72,119 +137,188 @@ def write_inputs(work: Path, policy: str, steps: int, offload: bool) -> Path:
             "max_model_len": 512,
             "offload_trainer_state": offload,
         },
-        # One checkpoint at the end: its trainer_state.json holds every logged value.
-        "checkpoint": {"dir": str(work / "ckpt"), "save_steps": steps, "save_final_model": False},
+        # One checkpoint at the end: its trainer_state.json holds every logged value
+        # (the progress lines on stdout are the fallback when a run dies first).
+        "checkpoint": {"dir": str(work / "ckpt"), "save_steps": steps, "save_final_model": False, "resume": "never"},
         "progress": {"min_interval_seconds": 0, "patch_status": False},
-        "grpo": {
-            "max_steps": steps,
-            "per_device_train_batch_size": 64,
-            "num_generations": 8,
-            "max_completion_length": 24,
-            "learning_rate": 1e-5,
-            "beta": 0.0,
-            "seed": 42,
-            "disable_tqdm": True,
-        },
+        "grpo": {"max_steps": steps, **grpo},
     }
-    import yaml
-
     path = work / "grpo.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    (work / "deepspeed.json").write_text(
-        json.dumps(
-            {
-                "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_gather_16bit_weights_on_model_save": True},
-                "bf16": {"enabled": True},
-                "train_micro_batch_size_per_gpu": "auto",
-                "gradient_accumulation_steps": "auto",
-                "gradient_clipping": "auto",
-            }
-        )
-    )
-    (work / "accelerate.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "compute_environment": "LOCAL_MACHINE",
-                "distributed_type": "DEEPSPEED",
-                "deepspeed_config": {"deepspeed_config_file": str(work / "deepspeed.json"), "zero3_init_flag": True},
-                "num_processes": int(os.environ.get("COLOCGRPO_NUM_GPUS", "1")),
-                "num_machines": 1,
-                "machine_rank": 0,
-                "mixed_precision": "bf16",
-                "main_training_function": "main",
-            }
-        )
-    )
-    return path
+    ds, acc, source = launch_files(work, int(os.environ.get("COLOCGRPO_NUM_GPUS", "1")))
+    (work / "deepspeed.json").write_text(json.dumps(ds, indent=2))
+    (work / "accelerate.yaml").write_text(yaml.safe_dump(acc, sort_keys=False))
+    return path, source
 
 
-def run(work: Path, policy: str, steps: int, offload: bool = False) -> dict:
+def history_from_progress_lines(stdout: str) -> list[dict]:
+    """Per-step metrics from the trainer's progress lines (one JSON object per report)."""
+    by_step: dict[int, dict] = {}
+    for line in stdout.splitlines():
+        if not line.startswith('{"progress"'):
+            continue
+        try:
+            progress = json.loads(line)["progress"]
+        except (ValueError, KeyError):
+            continue
+        metrics = progress.get("metrics") or {}
+        if "reward" in metrics and progress.get("step"):
+            by_step[int(progress["step"])] = {"step": int(progress["step"]), **metrics}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def run(
+    work: Path,
+    policy: str,
+    steps: int,
+    grpo: dict[str, Any],
+    timeout_s: float,
+    offload: bool = False,
+    dtype: str = "bfloat16",
+) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    config = write_inputs(work, policy, steps, offload)
+    config, launch_source = write_inputs(work, policy, steps, grpo, offload, dtype)
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(work / "accelerate.yaml"),
         "-m", "colocgrpo_training", "--config", str(config),
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
+        COLOCGRPO_TERMINATION_LOG=str(work / "termination-log"),
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+        PYTHONUNBUFFERED="1",
+    )
+    print(f"[learning] {policy}: {steps} steps, limit {timeout_s:.0f} s ({launch_source})", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    timed_out = False
+    with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
+        # Own process group: on timeout the launcher and its workers all go.
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
+        ACTIVE_CHILD[:] = [proc]
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            returncode = proc.returncode
     seconds = time.perf_counter() - start
-    (work / "stdout.log").write_text(proc.stdout)
-    (work / "stderr.log").write_text(proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"{policy} run failed ({proc.returncode}); tail:\n{proc.stderr[-4000:]}")
+    stdout = (work / "stdout.log").read_text(errors="replace")
+    stderr = (work / "stderr.log").read_text(errors="replace")
     state_files = sorted((work / "ckpt").glob("checkpoint-*/trainer_state.json"))
-    if not state_files:
-        raise SystemExit(f"{policy} run wrote no trainer_state.json under {work / 'ckpt'}")
-    history = json.loads(state_files[-1].read_text())["log_history"]
-    steps_log = [h for h in history if "reward" in h and "step" in h]
-    return {
+    if state_files:
+        history = [h for h in json.loads(state_files[-1].read_text())["log_history"] if "reward" in h and "step" in h]
+        source = str(state_files[-1].relative_to(work))
+    else:
+        history, source = history_from_progress_lines(stdout), "progress lines"
+    termination = work / "termination-log"
+    result = {
         "policy": policy,
+        "steps": steps,
         "seconds": seconds,
-        "rewards": [h["reward"] for h in steps_log],
-        "logp_diff": [h.get("sampling/sampling_logp_difference/mean") for h in steps_log],
-        "step_time": [h.get("step_time") for h in steps_log],
-        "generation": {k: v for k, v in steps_log[-1].items() if k.startswith("generation/")} if steps_log else {},
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "launch_files": launch_source,
+        "history_source": source,
+        "termination_message": termination.read_text()[:2000] if termination.exists() else None,
+        "rewards": [h["reward"] for h in history],
+        "logp_diff": [h.get("sampling/sampling_logp_difference/mean") for h in history],
+        "step_time": [h.get("step_time") for h in history],
+        "generation": {k: v for k, v in history[-1].items() if k.startswith("generation/")} if history else {},
     }
+    print(
+        f"[learning] {policy}: rc {returncode}{' (TIMED OUT)' if timed_out else ''}, {seconds:.0f} s, "
+        f"{len(history)} logged steps",
+        flush=True,
+    )
+    if returncode != 0:
+        result["stderr_tail"] = stderr[-4000:]
+        print(stderr[-3000:], file=sys.stderr, flush=True)
+    return result
+
+
+def mean(values: list) -> float:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return statistics.mean(values) if values else float("nan")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--reference-steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--reference-steps", type=int, default=12)
     parser.add_argument("--policy", default="auto")
+    parser.add_argument("--smoke", action="store_true", help="plumbing only: no criteria, no reference run")
+    parser.add_argument("--batch", type=int, default=64, help="completions per step (prompts × generations)")
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--max-completion-length", type=int, default=24)
+    parser.add_argument("--seconds-per-step", type=float, default=2.5, help="for the time limits")
+    parser.add_argument("--startup-seconds", type=float, default=180.0, help="for the time limits")
+    # CPU dry runs of the plumbing (a vLLM stand-in on PYTHONPATH): --dtype float32 --grpo-extra '{"use_cpu": true}'
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--grpo-extra", type=json.loads, default={}, help="JSON merged into the grpo section")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    main_run = run(args.out / f"run-{args.policy}", args.policy, args.steps)
-    reference = run(args.out / "run-off", "off", args.reference_steps)
-
-    rewards = main_run["rewards"]
-    first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
-
-    def mean_diff(r: dict) -> float:
-        values = [v for v in r["logp_diff"] if v is not None]
-        return statistics.mean(values) if values else float("nan")
-
-    diff_main, diff_off = mean_diff(main_run), mean_diff(reference)
-    verdict = {
-        "first10_reward": first,
-        "last10_reward": last,
-        "reward_gain": last - first,
-        "reward_pass": last >= first + 0.1,
-        "logp_diff_mean": diff_main,
-        "logp_diff_mean_sleep_off": diff_off,
-        "logp_pass": diff_main <= diff_off * 1.1,
+    signal.signal(signal.SIGTERM, stop_children)
+    signal.signal(signal.SIGINT, stop_children)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not Path(MODEL).exists():
+        print(f"[learning] model not found at {MODEL} (set COLOCGRPO_TEST_MODEL)", file=sys.stderr)
+        return 2
+    grpo = {
+        "per_device_train_batch_size": args.batch,
+        "num_generations": args.num_generations,
+        "max_completion_length": args.max_completion_length,
+        "learning_rate": 1e-5,
+        "beta": 0.0,
+        "seed": 42,
+        "disable_tqdm": True,
+        **args.grpo_extra,
     }
-    (args.out / "learning_run.json").write_text(json.dumps({"verdict": verdict, "runs": [main_run, reference]}, indent=2))
-    (args.out / "reward_curve.csv").write_text(
+
+    def limit(steps: int) -> float:
+        return args.startup_seconds + args.seconds_per_step * steps
+
+    runs = [run(out / f"run-{args.policy}", args.policy, args.steps, grpo, limit(args.steps), dtype=args.dtype)]
+    if not args.smoke and runs[0]["returncode"] == 0:
+        ref_limit = limit(args.reference_steps)
+        runs.append(run(out / "run-off", "off", args.reference_steps, grpo, ref_limit, dtype=args.dtype))
+    main_run = runs[0]
+    rewards = main_run["rewards"]
+    n = args.reference_steps
+    verdict: dict[str, Any] = {
+        "smoke": args.smoke,
+        "runs_ok": all(r["returncode"] == 0 for r in runs),
+        "logged_steps": len(rewards),
+        "first10_reward": mean(rewards[:10]),
+        "last10_reward": mean(rewards[-10:]),
+        "logp_diff_mean_all": mean(main_run["logp_diff"]),
+    }
+    verdict["reward_gain"] = verdict["last10_reward"] - verdict["first10_reward"]
+    if not args.smoke and len(runs) == 2:
+        verdict["logp_diff_mean_first_n"] = mean(main_run["logp_diff"][:n])
+        verdict["logp_diff_mean_sleep_off_first_n"] = mean(runs[1]["logp_diff"][:n])
+        verdict["reward_pass"] = verdict["reward_gain"] >= 0.1
+        # 1.2× plus 0.005 absolute: run-to-run noise (both measured ≈ 0.04 on this machine).
+        bound = 1.2 * verdict["logp_diff_mean_sleep_off_first_n"] + 0.005
+        verdict["logp_pass"] = verdict["logp_diff_mean_first_n"] <= bound
+    (out / "learning_run.json").write_text(json.dumps({"verdict": verdict, "runs": runs}, indent=2))
+    (out / "reward_curve.csv").write_text(
         "step,reward,logp_diff\n"
         + "".join(f"{i + 1},{r},{d}\n" for i, (r, d) in enumerate(zip(rewards, main_run["logp_diff"])))
     )
-    print(json.dumps(verdict, indent=2))
-    return 0 if verdict["reward_pass"] and verdict["logp_pass"] else 1
+    print(json.dumps(verdict, indent=2), flush=True)
+    if not verdict["runs_ok"] or not rewards:
+        return 2
+    if args.smoke:
+        return 0
+    return 0 if verdict.get("reward_pass") and verdict.get("logp_pass") else 1
 
 
 if __name__ == "__main__":

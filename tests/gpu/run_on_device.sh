@@ -1,45 +1,120 @@
 #!/usr/bin/env bash
-# Issue 7 + 8 on the GPU machine, after the wheel set is installed (shared/gpu/README.md):
-#   source /tmp/site/env.sh && bash tests/gpu/run_on_device.sh
-# Runs (1) the weight-integrity suite, (2) the learning run, (3) the step-time benchmark;
-# everything lands in $OUT (default ./gpu-out). Each part runs even if an earlier one fails;
-# the exit status is non-zero if any failed. PARTS=integrity,learning,bench selects parts.
+# GPU proofs (issues 7 + 8) on the GPU machine, after the wheel set is installed
+# (shared/gpu/README.md: install.sh → /tmp/site + /tmp/models/smollm2-135m-instruct).
+#
+#   SMOKE=1 bash tests/gpu/run_on_device.sh                  # every part, minimal (~5 min)
+#   PARTS=integrity,learning bash tests/gpu/run_on_device.sh # full parts (≤ 9 min together)
+#   PARTS=bench bash tests/gpu/run_on_device.sh              # full benchmark (≤ 9 min)
+#
+# Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
+#   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
+#   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
+#   integrity.log learning.log bench.log   each part's console output (tail-capped)
+# Work files live in $WORK (default /tmp/gpu-work). Every part has a hard time limit and the
+# whole script a deadline (DEADLINE_S, default 560 s: the device kills a call at 600 s).
+# Exit status: 0 when every selected part passed.
 set -uo pipefail
+T0=$(date +%s)
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-$PWD/gpu-out}"
-PARTS="${PARTS:-integrity,learning,bench}"
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/operator:$PWD/training:${PYTHONPATH:-}"
+REPO=$PWD
+OUT="${OUT:-$REPO/gpu-out}"
+WORK="${WORK:-/tmp/gpu-work}"
+SMOKE="${SMOKE:-0}"
+DEADLINE_S="${DEADLINE_S:-560}"
+if [[ "$SMOKE" == 1 ]]; then PARTS="${PARTS:-integrity,learning,bench}"; else PARTS="${PARTS:-integrity,learning}"; fi
+mkdir -p "$OUT" "$WORK"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+die() { say "FATAL: $*"; exit 3; }
+
+# -- environment (env.sh from install.sh sets PYTHONPATH=/tmp/site and the variables below) --
+[[ -f /tmp/site/env.sh ]] && source /tmp/site/env.sh
+export PYTHONPATH="$REPO/operator:$REPO/training:${PYTHONPATH:-}"
 export COLOCGRPO_TEST_MODEL="${COLOCGRPO_TEST_MODEL:-/tmp/models/smollm2-135m-instruct}"
-export COLOCGRPO_RESULTS_DIR="$OUT"
-export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Required: flashinfer is not carried (vLLM's LLM() fails without it); no NVLink multicast.
+export VLLM_USE_FLASHINFER_SAMPLER=0 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_NO_USAGE_STATS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_DATASETS_CACHE="$WORK/hf-datasets"
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
 PY="${PYTHON:-python3}"
+
+say "colocgrpo GPU proofs: SMOKE=$SMOKE PARTS=$PARTS commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "gpu: $(nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | head -1)"
+[[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (run shared/gpu install.sh first)"
+if ! "$PY" -c 'import pytest' 2>/dev/null; then
+  ls .whl/*.whl >/dev/null 2>&1 || die "pytest missing and no .whl/ carried (carry .whl)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pytest-site .whl/*.whl || die "pytest install failed"
+  export PYTHONPATH="$PYTHONPATH:/tmp/pytest-site"
+fi
+versions=$(timeout 180 "$PY" -c 'import torch, vllm, trl, deepspeed, transformers, accelerate, pytest
+print(f"torch {torch.__version__} cuda {torch.cuda.is_available()} vllm {vllm.__version__} trl {trl.__version__} "
+      f"deepspeed {deepspeed.__version__} transformers {transformers.__version__} accelerate {accelerate.__version__} pytest {pytest.__version__}")' 2>&1 | tail -1)
+say "versions: $versions"
+[[ "$versions" == torch* ]] || die "the GPU stack does not import (source /tmp/site/env.sh after install.sh)"
+
+# -- parts ---------------------------------------------------------------------------------
 status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 || true
+# run_part NAME LIMIT_S CMD...: runs CMD under a hard limit (capped by the deadline), logs
+# to $OUT/NAME.log (last 400 lines) and $WORK/NAME.full.log, records rc and seconds.
+run_part() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( DEADLINE_S - ($(date +%s) - T0) - 15 ))
+  (( limit > left )) && limit=$left
+  if (( limit < 60 )); then say "== $name: SKIPPED (only ${left}s left before the deadline)"; status=1; return; fi
+  say "== $name (limit ${limit}s)"
+  local t=$(date +%s)
+  timeout -k 20 "$limit" "$@" >"$WORK/$name.full.log" 2>&1
+  local rc=$?
+  tail -n 400 "$WORK/$name.full.log" >"$OUT/$name.log"
+  local secs=$(( $(date +%s) - t ))
+  local note=""; [[ $rc == 124 || $rc == 137 ]] && note=" TIMED OUT"
+  say "$name: rc=$rc$note ${secs}s"
+  [[ $rc == 0 ]] || status=1
+}
 
 if [[ ",$PARTS," == *",integrity,"* ]]; then
-  echo "== weight integrity"; t=$(date +%s)
+  if [[ "$SMOKE" == 1 ]]; then
+    export COLOCGRPO_INTEGRITY_POLICIES=auto COLOCGRPO_INTEGRITY_SEEDS=11 COLOCGRPO_INTEGRITY_MAX_STEPS=3
+    limit=170
+  else
+    limit=230
+  fi
+  export COLOCGRPO_RESULTS_DIR="$WORK/integrity"
+  mkdir -p "$COLOCGRPO_RESULTS_DIR"
   # --noconftest: the shared conftest wants the cluster tooling, absent on the GPU machine.
-  "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -x -q tests/gpu/test_weight_integrity.py \
-    --junitxml="$OUT/integrity.xml" 2>&1 | tee "$OUT/integrity.log" | tail -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  echo "integrity: $(( $(date +%s) - t )) s"
+  run_part integrity "$limit" \
+    "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -x -v -rA tests/gpu/test_weight_integrity.py \
+    --junitxml="$WORK/integrity/junit.xml"
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/integrity.log" | tail -8 >>"$SUMMARY"
 fi
 if [[ ",$PARTS," == *",learning,"* ]]; then
-  echo "== learning run"; t=$(date +%s)
-  "$PY" tests/gpu/learning_run.py --out "$OUT/learning" --steps "${LEARN_STEPS:-100}" \
-    --reference-steps "${LEARN_REF_STEPS:-20}" 2>&1 | tee "$OUT/learning.log" | tail -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  echo "learning: $(( $(date +%s) - t )) s"
+  if [[ "$SMOKE" == 1 ]]; then
+    run_part learning 200 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" --smoke --steps 6 \
+      --startup-seconds 160 --seconds-per-step 3
+  else
+    # ~1.15 s/step measured under ZeRO-3; limits: startup 150 s + 2 s/step per run.
+    run_part learning 470 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" \
+      --steps "${LEARN_STEPS:-80}" --reference-steps "${LEARN_REF_STEPS:-12}" --startup-seconds 150 --seconds-per-step 2
+  fi
+  [[ -f "$WORK/learning/learning_run.json" ]] && "$PY" -c 'import json,sys; print("learning verdict:", json.dumps(json.load(open(sys.argv[1]))["verdict"]))' \
+    "$WORK/learning/learning_run.json" >>"$SUMMARY" 2>&1
 fi
 if [[ ",$PARTS," == *",bench,"* ]]; then
-  echo "== benchmark"; t=$(date +%s)
-  "$PY" bench/grpo_step.py --out "$OUT/bench" ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} 2>&1 \
-    | tee "$OUT/bench.log" | tail -20
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  echo "bench: $(( $(date +%s) - t )) s"
+  if [[ "$SMOKE" == 1 ]]; then
+    run_part bench 230 "$PY" bench/grpo_step.py --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
+      --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150
+  else
+    run_part bench 540 "$PY" bench/grpo_step.py --out "$WORK/bench" \
+      ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds 440 --contender-timeout 170
+  fi
+  [[ -f "$WORK/bench/bench.md" ]] && cat "$WORK/bench/bench.md" >>"$SUMMARY"
 fi
-# Keep the returned files small: drop model/optimizer checkpoints, keep logs and JSON.
-find "$OUT" -type d -name 'global_step*' -prune -exec rm -rf {} + 2>/dev/null
-find "$OUT" \( -name '*.safetensors' -o -name '*.pt' -o -name '*.bin' \) -delete 2>/dev/null
+
+# -- what comes back: one tarball of the small files, the summary, the part logs -------------
+tar -C "$WORK" -czf "$OUT/results.tar.gz" \
+  --exclude='global_step*' --exclude='*.safetensors' --exclude='*.pt' --exclude='*.pth' --exclude='*.bin' \
+  --exclude='data.jsonl' --exclude='hf-datasets' --exclude='trainer' --exclude='tokenizer.json' . 2>/dev/null
+say "results.tar.gz: $(du -h "$OUT/results.tar.gz" | cut -f1); total ${SECONDS}s; exit $status"
 exit $status

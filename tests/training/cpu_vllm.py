@@ -64,9 +64,22 @@ class _Receiver:
                 self.params[name].copy_(tensor.to(self.params[name].dtype))
 
 
+def _load_unpartitioned(path: str):
+    """vLLM loads its own full copy of the weights; under a DeepSpeed ZeRO-3 run (CPU dry runs
+    of tests/gpu/learning_run.py) transformers would otherwise partition this one too."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 class LLM:
     def __init__(self, model: str, enable_sleep_mode: bool = False, max_model_len=None, seed: int = 0, **_: object):
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.model = _load_unpartitioned(model)
         self.enable_sleep_mode = enable_sleep_mode
         self.weights_awake = self.kv_awake = True
         self._host = None
