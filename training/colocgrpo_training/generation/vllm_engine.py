@@ -83,6 +83,7 @@ class ColocatedVLLM(VLLMGeneration):
         self.next_generate: NextGenerate | None = None
         self._generation_index = 0
         self._trainer_state_offloaded = False
+        self._warned_partial_offload = False
         self.offload_seconds = 0.0
         self.generate_seconds = 0.0
         trl_kwargs.update(
@@ -311,14 +312,22 @@ class ColocatedVLLM(VLLMGeneration):
         engine = self.deepspeed_engine()
         if engine is None or getattr(engine, "optimizer", None) is None or not hasattr(engine, "offload_states"):
             return
+        include = offload_scope(engine)
+        if include is not None and not self._warned_partial_offload:
+            self._warned_partial_offload = True
+            log.warning(
+                "offload_trainer_state: DeepSpeed offloads optimizer states and fp32 master weights only for "
+                "its own FusedAdam (an \"optimizer\" block in deepspeed.json); with %s only the bf16 "
+                "parameters and gradient buffers leave the GPU",
+                type(getattr(engine.optimizer, "optimizer", None)).__name__,
+            )
         start = time.perf_counter()
-        # All ZeRO-3 states (optimizer moments, fp32 master, bf16 partitions, gradient
-        # buffers) move to pinned CPU memory while vLLM holds the GPU; the push already ran.
-        engine.offload_states(pin_memory=True, non_blocking=False)
+        # The push already ran; while vLLM holds the GPU these states wait in pinned CPU memory.
+        engine.offload_states(include=include, pin_memory=True, non_blocking=False)
         self._trainer_state_offloaded = True
         seconds = time.perf_counter() - start
         self.offload_seconds += seconds
-        log.info("trainer state offloaded to CPU in %.4fs", seconds)
+        log.info("trainer state offloaded to CPU in %.4fs (%s)", seconds, "all" if include is None else sorted(s.value for s in include))
 
     def _reload_trainer_state(self) -> None:
         if not self._trainer_state_offloaded:
@@ -348,6 +357,26 @@ class ColocatedVLLM(VLLMGeneration):
         t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t.item())
+
+
+def offload_scope(engine: Any) -> Any:
+    """What `engine.offload_states` may move: None (everything) when ZeRO's inner optimizer is
+    DeepSpeed's FusedAdam, else the states DeepSpeed 0.19 can move for any optimizer (it
+    asserts FusedAdam for optimizer states and fp32 master weights)."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+    inner = getattr(getattr(engine, "optimizer", None), "optimizer", None)
+    try:
+        from deepspeed.ops.adam.fused_adam import FusedAdam
+    except ImportError:  # pragma: no cover - DeepSpeed without its op sources
+        FusedAdam = None  # noqa: N806
+    if FusedAdam is not None and inner.__class__ is FusedAdam:
+        return None
+    return {
+        OffloadStateTypeEnum.lp_params,
+        OffloadStateTypeEnum.lp_grads,
+        OffloadStateTypeEnum.contiguous_grad_buffer,
+    }
 
 
 def _is_peft(model: Any) -> bool:

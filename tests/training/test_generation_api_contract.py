@@ -1,0 +1,223 @@
+"""The library surface the generation wrapper (training/colocgrpo_training/generation/)
+relies on, checked against the installed TRL, DeepSpeed and vLLM — the exact versions the
+GPU machine runs (TRL 1.16, DeepSpeed 0.19.8, vLLM 0.26.0).
+
+The GPU code cannot run here, so this pins what it calls: every keyword of our `LLM(...)`
+call and our SamplingParams keys exist in vLLM, the in-process path TRL uses to reach the
+model for `load_weights`, the sleep/wake/reset signatures, the TRL internals ColocGRPOTrainer
+swaps or overrides, DeepSpeed's gather and offload signatures. TRL checks run wherever
+the trainer tests run; DeepSpeed and vLLM checks only where those are importable (the CI
+trainer venv has neither; a machine with the GPU wheel set has both — see
+docs/gpu-proofs.md for the CPU recipe).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.trainer
+
+pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+
+GENERATION = Path(__file__).resolve().parents[2] / "training" / "colocgrpo_training" / "generation"
+ENGINE_SOURCE = (GENERATION / "vllm_engine.py").read_text()
+
+
+def call_keywords(source: str, func_name: str) -> set[str]:
+    """Keyword names of every call to `func_name` (a bare name or an attribute) in `source`."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name == func_name:
+                names.update(k.arg for k in node.keywords if k.arg)
+    return names
+
+
+def dict_literal_keys(source: str, target: str) -> set[str]:
+    """Keys of the dict literal assigned to `target` in `source`."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == target for t in node.targets):
+            if isinstance(node.value, ast.Dict):
+                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError(f"no dict literal assigned to {target!r}")
+
+
+def params(fn) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(fn).parameters)
+
+
+# ------------------------------------------------------------------------------- TRL 1.16
+def test_trl_names_the_wrapper_imports_and_swaps():
+    import trl.trainer.grpo_trainer as grpo_module
+    from trl.generation import vllm_generation
+    from trl.trainer import utils as trl_utils
+
+    assert grpo_module.VLLMGeneration is vllm_generation.VLLMGeneration  # the name trainer.py swaps
+    assert callable(vllm_generation.empty_cache) and callable(vllm_generation.extract_logprobs)
+    assert callable(trl_utils.ensure_master_addr_port)
+
+
+def test_grpo_trainer_builds_the_engine_with_keywords_our_class_accepts():
+    import trl.trainer.grpo_trainer as grpo_module
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    passed = call_keywords(inspect.getsource(grpo_module.GRPOTrainer.__init__), "VLLMGeneration")
+    accepted = set(params(VLLMGeneration.__init__))
+    assert passed and passed <= accepted, passed - accepted
+    # ColocatedVLLM forwards these to TRL's __init__ (trl_kwargs.update in vllm_engine.py)
+    ours = {"mode", "tensor_parallel_size", "gpu_memory_utilization", "max_model_length", "enable_sleep_mode"}
+    assert ours <= accepted
+
+
+def test_trl_engine_surface_we_override_and_read():
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    for name in ("_init_vllm", "sync_weights", "generate", "_fix_param_name_to_vllm", "_iter_named_params"):
+        assert callable(getattr(VLLMGeneration, name, None)), name
+    assert list(params(VLLMGeneration.generate)) == ["self", "prompts", "images", "num_generations", "profiler"]
+    # attributes our _init_vllm / generate read, all set by TRL's __init__ before _init_vllm
+    init = inspect.getsource(VLLMGeneration.__init__)
+    for attr in (
+        "model", "accelerator", "_dist", "tensor_parallel_size", "gpu_memory_utilization", "max_model_length",
+        "max_num_seqs", "model_impl", "trust_remote_code", "repetition_penalty", "temperature", "top_p", "top_k",
+        "min_p", "max_completion_length", "logprobs", "generation_kwargs", "structured_outputs_regex",
+    ):  # fmt: skip
+        assert f"self.{attr} =" in init, attr
+    assert init.index("self._init_vllm()") > init.index("self.generation_kwargs =")
+
+
+def test_grpo_trainer_calls_the_engine_as_our_generate_expects():
+    import trl.trainer.grpo_trainer as grpo_module
+
+    from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+
+    source = inspect.getsource(grpo_module.GRPOTrainer._generate_single_turn)
+    assert "self.vllm_generation.sync_weights()" in source
+    assert call_keywords(source, "generate") >= {"prompts", "images", "num_generations", "profiler"}
+    assert list(params(ColocatedVLLM.generate)) == ["self", "prompts", "images", "num_generations", "profiler"]
+    # auto's prediction reads the micro-step counter and hooks these trainer methods
+    assert "self._step = 0" in inspect.getsource(grpo_module.GRPOTrainer.__init__)
+    for name in ("_prepare_inputs", "_load_from_checkpoint", "_load_best_model", "log"):
+        assert callable(getattr(grpo_module.GRPOTrainer, name, None)), name
+
+
+def test_grpo_config_fields_the_trainer_and_bench_set():
+    from trl import GRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    trainer_source = (GENERATION / "trainer.py").read_text()
+    set_by_trainer = {
+        node.attr
+        for node in ast.walk(ast.parse(trainer_source))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "grpo_args"
+    }
+    assert set_by_trainer and set_by_trainer <= fields, set_by_trainer - fields
+    bench = (Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py").read_text()
+    used_by_bench = call_keywords(bench, "GRPOConfig")
+    assert used_by_bench and used_by_bench <= fields, used_by_bench - fields
+
+
+def test_trl_distributed_backend_gathers_lists():
+    from trl.distributed import DistributedBackend
+
+    assert list(params(DistributedBackend.gather_params)) == ["self", "params"]
+    assert isinstance(DistributedBackend.is_fsdp, property) and isinstance(DistributedBackend.is_zero3, property)
+    assert "GatheredParameters(params)" in inspect.getsource(DistributedBackend.gather_params)
+
+
+# ------------------------------------------------------------------------------- DeepSpeed
+def test_deepspeed_gather_and_offload_signatures():
+    deepspeed = pytest.importorskip("deepspeed")
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    gp = params(deepspeed.zero.GatheredParameters.__init__)
+    assert list(gp)[:2] == ["self", "params"]
+    assert "list(params)" in inspect.getsource(deepspeed.zero.GatheredParameters.__init__)  # lists are gathered at once
+    off = params(DeepSpeedEngine.offload_states)
+    assert {"include", "device", "pin_memory", "non_blocking"} <= set(off)
+    assert off["include"].default is None  # None: every state is offloaded
+    assert set(params(DeepSpeedEngine.reload_states)) == {"self", "non_blocking"}
+    assert call_keywords(ENGINE_SOURCE, "offload_states") <= set(off)
+    assert call_keywords(ENGINE_SOURCE, "reload_states") <= {"non_blocking"}
+    # offload_scope(): ZeRO-3 moves optimizer states and fp32 masters only for FusedAdam; the
+    # bf16 parameters, gradients and bucket buffers for any optimizer
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    stage3 = inspect.getsource(DeepSpeedZeroOptimizer_Stage3.offload_states)
+    guard = "if needs_offload(OffloadStateTypeEnum.optim_states) or needs_offload(OffloadStateTypeEnum.hp_params):"
+    assert guard in stage3 and "FusedAdam" in stage3
+    assert {"lp_params", "lp_grads", "contiguous_grad_buffer"} <= {m.value for m in OffloadStateTypeEnum}
+
+
+# ------------------------------------------------------------------------------- vLLM 0.26
+@pytest.fixture(scope="module")
+def vllm():
+    return pytest.importorskip("vllm", reason="vLLM not installed (CI); see docs/gpu-proofs.md for the CPU recipe")
+
+
+def test_every_llm_keyword_we_pass_exists(vllm):
+    from vllm.engine.arg_utils import EngineArgs
+
+    ours = call_keywords(ENGINE_SOURCE, "LLM")
+    explicit = set(params(vllm.LLM.__init__))
+    engine_args = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert {"distributed_executor_backend", "enable_sleep_mode", "logprobs_mode", "seed"} <= ours
+    assert ours <= explicit | engine_args, ours - explicit - engine_args
+    from vllm.v1.executor import abstract
+
+    assert 'distributed_executor_backend == "external_launcher"' in inspect.getsource(abstract)
+
+
+def test_sampling_params_take_our_keys_and_a_per_request_seed(vllm):
+    keys = dict_literal_keys(ENGINE_SOURCE, "base")
+    fields = set(params(vllm.SamplingParams))
+    assert keys <= fields, keys - fields
+    sp = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True, seed=(1 << 63) - 1)
+    assert sp.seed == (1 << 63) - 1 and sp.ignore_eos
+    from vllm.sampling_params import StructuredOutputsParams
+
+    assert "regex" in params(StructuredOutputsParams)
+
+
+def test_sleep_wake_generate_reset_signatures(vllm):
+    LLM = vllm.LLM
+    assert params(LLM.sleep)["level"].default == 1
+    assert "tags" in params(LLM.wake_up)
+    gen = params(LLM.generate)
+    assert {"prompts", "sampling_params", "use_tqdm"} <= set(gen)
+    reset = params(LLM.reset_prefix_cache)
+    assert all(p.default is not inspect.Parameter.empty for n, p in reset.items() if n != "self")
+    assert "collective_rpc" in dir(LLM)
+
+
+def test_in_process_path_to_the_model_for_load_weights(vllm):
+    """`llm.llm_engine.model_executor.driver_worker.model_runner.model` (TRL 1.16's colocate
+    path, and ours): each hop, in vLLM 0.26's source."""
+    from vllm.v1.engine import llm_engine
+    from vllm.v1.executor import uniproc_executor
+    from vllm.v1.worker import gpu_worker, worker_base
+
+    assert "self.model_executor = self.engine_core.engine_core.model_executor" in inspect.getsource(llm_engine)
+    assert issubclass(uniproc_executor.ExecutorWithExternalLauncher, uniproc_executor.UniProcExecutor)
+    assert "self.driver_worker = WorkerWrapperBase(" in inspect.getsource(uniproc_executor.UniProcExecutor)
+    launcher = inspect.getsource(uniproc_executor.ExecutorWithExternalLauncher)
+    for var in ("RANK", "LOCAL_RANK"):
+        assert f'os.environ["{var}"]' in launcher
+    assert "return getattr(self.worker, attr)" in inspect.getsource(worker_base.WorkerWrapperBase.__getattr__)
+    assert "self.model_runner" in inspect.getsource(gpu_worker)
+    # TRL reaches the model the same way: a rename in either breaks both
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    hop = "llm.llm_engine.model_executor.driver_worker.model_runner.model"
+    assert hop in inspect.getsource(VLLMGeneration.sync_weights)
+    assert hop in ENGINE_SOURCE
