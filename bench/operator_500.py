@@ -241,6 +241,8 @@ def main() -> int:
         operator_cpu = cpu_seconds(operator.pid) - cpu_before
         plane_after = control_plane_cpu(kubeconfig.parent)
         watcher.stop = True
+        time.sleep(15)  # a quiet period: what does the operator keep once the burst is over?
+        settled_rss = rss_kib(operator.pid)[0]
         result.update(
             jobs_seen=len(latencies),
             create_calls_seconds=round(creates_done - start, 2),
@@ -254,6 +256,7 @@ def main() -> int:
             operator_rss_idle_mib=round(idle_rss / 1024, 1),
             operator_rss_mib=round(rss / 1024, 1),
             operator_rss_peak_mib=round(peak / 1024, 1),
+            operator_rss_settled_mib=round(settled_rss / 1024, 1),
             operator_handler_requests_per_job=round((op_after - op_before) / args.count, 2),
             apiserver_requests_per_job_all_clients=round((api_after[0] - api_before[0]) / args.count, 2),
             apiserver_colocgrpojobs_requests_per_job=round((api_after[1] - api_before[1]) / args.count, 2),

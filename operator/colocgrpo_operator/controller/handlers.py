@@ -117,8 +117,11 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, lo
 
 
 @kopf.on.event(*RESOURCE)
-async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Forget a deleted job (caches, phase gauge); everything else is handled above."""
+async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo, jobs_by_name: kopf.Index,
+                    batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
+    """Start the housekeeping loop with the first job seen; forget deleted jobs (caches, phase
+    gauge). Everything else is handled above."""
+    _ensure_housekeeping(memo, jobs_by_name, batch_jobs_by_owner, pods_by_owner)
     if type == "DELETED":
         _reconciler(memo).forget((namespace, name))
 
@@ -126,14 +129,19 @@ async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo
 # ----------------------------------------------------------------------------- the clock
 
 
-@kopf.on.startup()
-async def start_housekeeping(memo: kopf.Memo, logger: logging.Logger, jobs_by_name: kopf.Index,
-                             batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
-    """Start the operator-wide loop that re-checks active jobs every RECHECK_SECONDS (stall
-    detection needs a clock, and it repairs anything a dropped watch missed) and deletes
-    finished jobs when their TTL passes; see controller/housekeeping.py for why it is one loop
-    and not kopf timers. It goes through the same per-job lock as the event handlers, so it
-    cannot race them into a second decision; with nothing changed it makes no API call."""
+def _ensure_housekeeping(memo: kopf.Memo, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
+                         pods_by_owner: kopf.Index) -> None:
+    """Start, once, the operator-wide loop that re-checks active jobs every RECHECK_SECONDS
+    (stall detection needs a clock, and it repairs anything a dropped watch missed) and deletes
+    finished jobs when their TTL passes; controller/housekeeping.py says why it is one loop and
+    not kopf timers. It goes through the same per-job lock as the event handlers, so it cannot
+    race them into a second decision; with nothing changed it makes no API call.
+
+    Started from the first job event rather than at startup: a task inherits the context it is
+    created in, and only handler contexts carry kopf's event-posting queue (kopf.event).
+    """
+    if getattr(memo, "housekeeping", None) is not None:
+        return
     housekeeper = Housekeeper(
         reconciler=_reconciler(memo),
         jobs=jobs_by_name,

@@ -57,6 +57,7 @@ class Housekeeper:
                 await self._recheck_active()
                 next_recheck = asyncio.get_running_loop().time() + self.recheck_seconds
             next_ttl = await self._expire_finished()
+            release_free_memory()
             sleep = next_recheck - asyncio.get_running_loop().time()
             if next_ttl is not None:
                 sleep = min(sleep, next_ttl)
@@ -100,6 +101,23 @@ class Housekeeper:
             if deleted:
                 self.logger.info("deleted %s/%s: ttlSecondsAfterFinished passed", *key)
         return soonest
+
+
+def release_free_memory() -> None:
+    """Hand freed heap back to the OS (glibc keeps it otherwise, so a burst of watch events
+    would pin the operator's RSS at its peak forever). No-op outside glibc."""
+    try:
+        _LIBC.malloc_trim(0)
+    except AttributeError:
+        pass
+
+
+try:
+    import ctypes
+
+    _LIBC: Any = ctypes.CDLL("libc.so.6")
+except OSError:
+    _LIBC = None
 
 
 def _first(index: Any, key: Key) -> Any:

@@ -286,12 +286,15 @@ class Reconciler:
         if new_phase in derive.TERMINAL_PHASES:
             self.wake_up()
         if old_phase != new_phase:
-            kopf.event(
-                _event_target(cr),
-                type="Warning" if new_phase in _WARNING_PHASES else "Normal",
-                reason=str(new_phase),
-                message=(desired.get("message") or f"phase {new_phase}")[:1024],
-            )
+            try:
+                kopf.event(
+                    _event_target(cr),
+                    type="Warning" if new_phase in _WARNING_PHASES else "Normal",
+                    reason=str(new_phase),
+                    message=(desired.get("message") or f"phase {new_phase}")[:1024],
+                )
+            except LookupError:  # outside kopf's handler context (no posting queue): status is enough
+                self.logger.debug("no event posted for %s/%s: outside a handler context", *key)
             self.logger.info("%s/%s: %s -> %s: %s", key[0], key[1], old_phase, new_phase, desired.get("message"))
 
     # -- blocking API work (executor threads) ----------------------------------------------------

@@ -65,7 +65,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.queueing.exit_timeout = 2.0
 
     # Sync work (API calls with the blocking client) runs in this many threads.
-    settings.execution.max_workers = 16
+    settings.execution.max_workers = int(os.environ.get("COLOCGRPO_API_THREADS", "16"))
     # Handlers that fail unexpectedly are retried soon, not after kopf's default minute.
     settings.execution.default_backoff = 5
 
