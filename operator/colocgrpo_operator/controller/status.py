@@ -521,9 +521,11 @@ def assess(
     elif not facts.suspend and job_suspended and not facts.queue_name:
         action = Action.RESUME_JOB
 
+    # When the gang first started: the Job's startTime, or now if its pods exist before the Job
+    # controller got round to writing it (a busy controller-manager writes status late).
     start_time = base.get("startTime")
-    if not start_time and _get(job, "status", "startTime") and not job_suspended:
-        start_time = _get(job, "status", "startTime")
+    if not start_time and not job_suspended and (_get(job, "status", "startTime") or current_pods):
+        start_time = _get(job, "status", "startTime") or format_time(now)
 
     complete = _job_condition(job, "Complete") or _job_condition(job, "SuccessCriteriaMet")
     if complete and _job_condition(job, "Complete"):
