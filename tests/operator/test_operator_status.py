@@ -456,3 +456,11 @@ def test_oom_first_then_job_controller_deletes_the_rest_is_counted():
     result = assess(FACTS, job, [deleted, cause], None, NOW)
     assert result.status["lastFailure"]["reason"] == "OOMKilled"
     assert result.status["restarts"] == 1
+
+
+def test_workers_completing_before_the_job_says_complete_are_still_running():
+    result = assess(FACTS, batch_job(), [pod(0, "Succeeded"), pod(1)], None, NOW)
+    assert result.phase == "Running"
+    assert cond(result.status, "Running")["reason"] == "Finishing"
+    all_done = assess(FACTS, batch_job(), [pod(0, "Succeeded"), pod(1, "Succeeded")], None, NOW)
+    assert all_done.phase == "Running"

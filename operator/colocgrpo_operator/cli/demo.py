@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="python of the trainer venv (default: $COLOCGRPO_TRAINER_PYTHON, else the newest "
                              "~/.cache/colocgrpo/venv-trainer-*)")
     parser.add_argument("--example", default=None, help="job file (default: examples/tiny-cpu.yaml)")
+    parser.add_argument("--max-steps", type=int, default=20,
+                        help="trainerArgs.max_steps for the demo job (the example's 2 steps end before the "
+                             "progress is visible); 0 keeps the example's value")
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     parser.set_defaults(func=run)
 
@@ -158,7 +161,8 @@ class DemoRun:
         except ApiException as error:
             if error.status != 404:
                 raise
-        _say(f"applying examples/tiny-cpu.yaml as {NAMESPACE}/{JOB_NAME}")
+        steps = (body.get("spec") or {}).get("trainerArgs", {}).get("max_steps")
+        _say(f"applying examples/tiny-cpu.yaml as {NAMESPACE}/{JOB_NAME} (trainerArgs.max_steps={steps})")
         body = dict(body, metadata={"name": JOB_NAME, "namespace": NAMESPACE})
         self.api.request("POST", path, body=body)
 
@@ -182,6 +186,8 @@ class DemoRun:
         if obj is None:
             return None
         status = obj.get("status") or {}
+        if not status.get("phase"):
+            return obj  # the operator has not written a status yet
         progress = status.get("progress") or {}
         reward = (progress.get("metrics") or {}).get("reward")
         row = (f"   {JOB_NAME:<10} phase={status.get('phase', '-'):<11} step={progress.get('step', '-')}/"
@@ -236,7 +242,7 @@ class DemoRun:
                     trainer.wait(60)
                     break
                 self.show_row()
-                time.sleep(1)
+                time.sleep(0.5)
         self.show_row()
         if trainer.returncode:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
@@ -278,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     example = Path(args.example) if args.example else demo.repo / "examples/tiny-cpu.yaml"
     body = yaml.safe_load(example.read_text())
+    if args.max_steps:
+        body["spec"].setdefault("trainerArgs", {})["max_steps"] = args.max_steps
     try:
         demo.start_cluster()
         demo.install_crd()

@@ -581,6 +581,12 @@ def assess(
                       startTime=start_time)
 
     running = [p for p in current_pods if _is_fully_running(p)]
+    finished = [p for p in current_pods if _get(p, "status", "phase") == "Succeeded"]
+    if finished and len(running) + len(finished) >= facts.nodes:
+        # Ranks exit one by one at the end; until the Job says Complete the gang is finishing.
+        message = (f"{len(finished)}/{facts.nodes} workers completed"
+                   + ("; the Job is completing" if len(finished) >= facts.nodes else "; the others are finishing"))
+        return finish(RUNNING, message, (True, "Finishing", message), startTime=start_time)
     if len(running) >= facts.nodes:
         running_since = condition_of({"conditions": conditions}, "Running")
         since = parse_time(running_since.get("lastTransitionTime")) if (
