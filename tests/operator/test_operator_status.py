@@ -414,7 +414,7 @@ k8s_like = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(job=st.none() | k8s_like, pods=st.lists(k8s_like, max_size=4), previous=st.none() | json_values,
        progress=st.none() | json_values, nodes=st.integers(1, 4), restarts=st.integers(0, 3))
 def test_garbage_never_crashes(job, pods, previous, progress, nodes, restarts):

@@ -129,23 +129,27 @@ def _get(obj: Any, *path: str, default: Any = None) -> Any:
     return default if obj is None else obj
 
 
+def _list(value: Any) -> list[Any]:
+    """The value if it is a list (status written by others is never trusted to be well-formed)."""
+    return value if isinstance(value, list) else []
+
+
 def _job_condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for condition in _get(job, "status", "conditions", default=[]) or []:
+    for condition in _list(_get(job, "status", "conditions")):
         if isinstance(condition, dict) and condition.get("type") == type_ and condition.get("status") == "True":
             return condition
     return None
 
 
 def _pod_condition(pod: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for condition in _get(pod, "status", "conditions", default=[]) or []:
+    for condition in _list(_get(pod, "status", "conditions")):
         if isinstance(condition, dict) and condition.get("type") == type_:
             return condition
     return None
 
 
 def _container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    statuses = list(_get(pod, "status", "initContainerStatuses", default=[]) or [])
-    statuses += list(_get(pod, "status", "containerStatuses", default=[]) or [])
+    statuses = _list(_get(pod, "status", "initContainerStatuses")) + _list(_get(pod, "status", "containerStatuses"))
     return [s for s in statuses if isinstance(s, dict)]
 
 
@@ -161,7 +165,7 @@ def pods_of_job(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> list[
         return []
     owned = []
     for pod in pods:
-        owners = _get(pod, "metadata", "ownerReferences", default=[]) or []
+        owners = _list(_get(pod, "metadata", "ownerReferences"))
         if any(isinstance(o, dict) and o.get("uid") == uid for o in owners):
             owned.append(pod)
     return owned
@@ -333,7 +337,7 @@ def _is_ready(pod: dict[str, Any]) -> bool:
 def _is_fully_running(pod: dict[str, Any]) -> bool:
     if _get(pod, "status", "phase") != "Running" or _get(pod, "metadata", "deletionTimestamp"):
         return False
-    statuses = [s for s in _get(pod, "status", "containerStatuses", default=[]) or [] if isinstance(s, dict)]
+    statuses = [s for s in _list(_get(pod, "status", "containerStatuses")) if isinstance(s, dict)]
     return all(isinstance(_get(s, "state", "running"), dict) for s in statuses)
 
 
@@ -389,7 +393,7 @@ def _ordered(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def condition_of(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    for condition in (status or {}).get("conditions") or []:
+    for condition in _list((status or {}).get("conditions")):
         if isinstance(condition, dict) and condition.get("type") == type_:
             return condition
     return None
