@@ -48,7 +48,7 @@ CONFIG = {
     "seed": 42,
 }
 # Most important first: a run cut by the time budget keeps the headline comparison.
-DEFAULT_CONTENDERS = "trl-sleep,ours-auto,trl-nosleep,ours-off,ours-level2,ours-auto-offload"
+DEFAULT_CONTENDERS = "trl-sleep,ours-auto,trl-nosleep,ours-auto-offload,ours-off,ours-level2"
 CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level2", "ours-auto")
 
 

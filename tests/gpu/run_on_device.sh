@@ -10,6 +10,8 @@
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
 #   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
 #   integrity.log learning.log bench.log   each part's console output (tail-capped)
+# Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for bench/grpo_step.py
+# (e.g. LEARN_ARGS="--steps 60", BENCH_ARGS="--contenders trl-sleep,ours-auto").
 # Work files live in $WORK (default /tmp/gpu-work). Every part has a hard time limit and the
 # whole script a deadline (DEADLINE_S, default 560 s: the device kills a call at 600 s).
 # Exit status: 0 when every selected part passed.
@@ -81,7 +83,7 @@ if [[ ",$PARTS," == *",integrity,"* ]]; then
   else
     limit=230
   fi
-  export COLOCGRPO_RESULTS_DIR="$WORK/integrity"
+  export COLOCGRPO_RESULTS_DIR="$WORK/integrity" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}"
   mkdir -p "$COLOCGRPO_RESULTS_DIR"
   # --noconftest: the shared conftest wants the cluster tooling, absent on the GPU machine.
   run_part integrity "$limit" \
@@ -92,11 +94,11 @@ fi
 if [[ ",$PARTS," == *",learning,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
     run_part learning 200 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" --smoke --steps 6 \
-      --startup-seconds 160 --seconds-per-step 3
+      --startup-seconds 160 --seconds-per-step 3 ${LEARN_ARGS:-}
   else
     # ~1.15 s/step measured under ZeRO-3; limits: startup 150 s + 2 s/step per run.
     run_part learning 470 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" \
-      --steps "${LEARN_STEPS:-80}" --reference-steps "${LEARN_REF_STEPS:-12}" --startup-seconds 150 --seconds-per-step 2
+      --steps "${LEARN_STEPS:-80}" --reference-steps "${LEARN_REF_STEPS:-12}" --startup-seconds 150 --seconds-per-step 2 ${LEARN_ARGS:-}
   fi
   [[ -f "$WORK/learning/learning_run.json" ]] && "$PY" -c 'import json,sys; print("learning verdict:", json.dumps(json.load(open(sys.argv[1]))["verdict"]))' \
     "$WORK/learning/learning_run.json" >>"$SUMMARY" 2>&1
@@ -104,10 +106,10 @@ fi
 if [[ ",$PARTS," == *",bench,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
     run_part bench 230 "$PY" bench/grpo_step.py --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
-      --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150
+      --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150 ${BENCH_ARGS:-}
   else
     run_part bench 540 "$PY" bench/grpo_step.py --out "$WORK/bench" \
-      ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds 440 --contender-timeout 170
+      ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds 440 --contender-timeout 170 ${BENCH_ARGS:-}
   fi
   [[ -f "$WORK/bench/bench.md" ]] && cat "$WORK/bench/bench.md" >>"$SUMMARY"
 fi

@@ -17,6 +17,8 @@ Environment:
   COLOCGRPO_INTEGRITY_POLICIES      default off,level1,level2,auto
   COLOCGRPO_INTEGRITY_SEEDS         schedule seeds per policy, default 11,12,13
   COLOCGRPO_INTEGRITY_MAX_STEPS     optimizer steps per schedule, default 5
+  COLOCGRPO_INTEGRITY_DEVICE/_DTYPE  cuda/bfloat16; cpu/float32 for CPU dry runs with a vLLM stand-in
+  COLOCGRPO_REQUIRE_GPU=1           fail instead of skipping when CUDA or vLLM is missing
 """
 
 from __future__ import annotations
@@ -31,10 +33,28 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("vllm")
+
+def _unavailable(why: str) -> None:
+    # On the GPU machine (run_on_device.sh sets COLOCGRPO_REQUIRE_GPU=1) a skip would read as
+    # a pass: fail the collection instead.
+    if os.environ.get("COLOCGRPO_REQUIRE_GPU") == "1":
+        raise RuntimeError(f"COLOCGRPO_REQUIRE_GPU=1 but {why}")
+    pytest.skip(why, allow_module_level=True)
+
+
+try:
+    import torch
+except ImportError:
+    _unavailable("torch is not installed")
+# CPU dry runs of this suite (a vLLM stand-in on PYTHONPATH, docs/gpu-proofs.md) set cpu/float32.
+DEVICE = os.environ.get("COLOCGRPO_INTEGRITY_DEVICE", "cuda")
+DTYPE = getattr(torch, os.environ.get("COLOCGRPO_INTEGRITY_DTYPE", "bfloat16"))
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    _unavailable("needs a CUDA GPU")
+try:
+    import vllm  # noqa: F401
+except ImportError as err:
+    _unavailable(f"vLLM does not import ({err})")
 
 from integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402 - after the skips
 
@@ -76,7 +96,7 @@ def rig():
         pytest.fail(f"test model not found at {MODEL} (set COLOCGRPO_TEST_MODEL)")
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=DTYPE).to(DEVICE).eval()
     versions = WeightVersions(model)
     accelerator = Accelerator()
     start = time.perf_counter()
@@ -142,11 +162,9 @@ def drive(rig, policy: str, schedule_seed: int) -> dict:
                 stale_margins.append(max_margin(model, prompts, previous))
             previous, stepped_since_generate = completions, False
     after = engine.controller.counters.as_dict()
-    record.update(
-        generates=len(schedule.generates),
-        version_changes=version_changes,
-        **{k: after[k] - before[k] for k in after},
-    )
+    record.update({k: after[k] - before[k] for k in after})  # the controller's counters
+    record.update(schedule_generates=len(schedule.generates), version_changes=version_changes)
+    assert record["generates"] == record["schedule_generates"], record
     return record
 
 

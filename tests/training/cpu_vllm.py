@@ -32,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None
     repetition_penalty: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -142,7 +143,7 @@ class LLM:
                 generated.append(token)
                 value = float(logp[token])
                 lps.append({token: Logprob(value if math.isfinite(value) else -1e9, 1)})
-                if token == self.model.config.eos_token_id:
+                if token == self.model.config.eos_token_id and not sp.ignore_eos:
                     break
             outputs.append(RequestOutput(ids, [CompletionOutput(generated, lps if sp.logprobs is not None else None)]))
         return outputs
