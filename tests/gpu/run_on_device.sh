@@ -87,7 +87,7 @@ if [[ ",$PARTS," == *",integrity,"* ]]; then
   mkdir -p "$COLOCGRPO_RESULTS_DIR"
   # --noconftest: the shared conftest wants the cluster tooling, absent on the GPU machine.
   run_part integrity "$limit" \
-    "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -x -v -rA tests/gpu/test_weight_integrity.py \
+    "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py \
     --junitxml="$WORK/integrity/junit.xml"
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/integrity.log" | tail -8 >>"$SUMMARY"
 fi
