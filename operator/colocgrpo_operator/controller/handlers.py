@@ -10,7 +10,6 @@ loop covers stall detection and anything a dropped watch missed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -140,7 +139,10 @@ def _ensure_housekeeping(memo: kopf.Memo, jobs_by_name: kopf.Index, batch_jobs_b
     Started from the first job event rather than at startup: a task inherits the context it is
     created in, and only handler contexts carry kopf's event-posting queue (kopf.event).
     """
-    if getattr(memo, "housekeeping", None) is not None:
+    # kopf hands each object a shallow copy of the operator's memo, so the task is kept on the
+    # shared Reconciler: one loop for the whole operator, not one per job.
+    reconciler = _reconciler(memo)
+    if reconciler.housekeeping is not None:
         return
     housekeeper = Housekeeper(
         reconciler=_reconciler(memo),
@@ -149,13 +151,4 @@ def _ensure_housekeeping(memo: kopf.Memo, jobs_by_name: kopf.Index, batch_jobs_b
         recheck_seconds=RECHECK_SECONDS,
         logger=logging.getLogger("colocgrpo.operator"),
     )
-    memo.housekeeping = asyncio.get_running_loop().create_task(housekeeper.run(), name="colocgrpo-housekeeping")
-
-
-@kopf.on.cleanup()
-async def stop_housekeeping(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "housekeeping", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    reconciler.housekeeping = asyncio.get_running_loop().create_task(housekeeper.run(), name="colocgrpo-housekeeping")

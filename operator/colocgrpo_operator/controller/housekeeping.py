@@ -49,19 +49,20 @@ class Housekeeper:
         self._expired: set[tuple[Key, str]] = set()
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         # The first re-check waits one period, so kopf has listed every Job and pod by then.
-        next_recheck = asyncio.get_running_loop().time() + self.recheck_seconds
+        last_recheck = loop.time()
+        next_ttl: float | None = None
         while True:
-            loop_time = asyncio.get_running_loop().time()
-            if loop_time >= next_recheck:
+            until_recheck = self.recheck_seconds - (loop.time() - last_recheck)
+            timeout = until_recheck if next_ttl is None else min(until_recheck, next_ttl)
+            # At most two rounds a second however often jobs finish (TTL precision: 0.5 s).
+            await self.reconciler.wait_for_wakeup(max(timeout, 0.5))
+            if loop.time() - last_recheck >= self.recheck_seconds:
                 await self._recheck_active()
-                next_recheck = asyncio.get_running_loop().time() + self.recheck_seconds
+                last_recheck = loop.time()
+                release_free_memory()
             next_ttl = await self._expire_finished()
-            release_free_memory()
-            sleep = next_recheck - asyncio.get_running_loop().time()
-            if next_ttl is not None:
-                sleep = min(sleep, next_ttl)
-            await self.reconciler.wait_for_wakeup(max(sleep, 0.05))
 
     async def _recheck_active(self) -> None:
         for key in list(self.jobs.keys()):

@@ -28,17 +28,23 @@ class PhaseBook:
 
     def __init__(self) -> None:
         self._phases: dict[Any, str] = {}
+        self._counts: _Tally = _Tally()
         self._lock = threading.Lock()
 
     def set(self, key: Any, phase: str | None) -> None:
         with self._lock:
+            old = self._phases.get(key)
+            if old == phase:
+                return
+            if old is not None:
+                self._counts[old] -= 1
+                JOBS_BY_PHASE.labels(phase=old).set(self._counts[old])
             if phase is None:
                 self._phases.pop(key, None)
-            else:
-                self._phases[key] = phase
-            tally = _Tally(self._phases.values())
-        for name in PHASES:
-            JOBS_BY_PHASE.labels(phase=name).set(tally.get(name, 0))
+                return
+            self._phases[key] = phase
+            self._counts[phase] += 1
+            JOBS_BY_PHASE.labels(phase=phase).set(self._counts[phase])
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:

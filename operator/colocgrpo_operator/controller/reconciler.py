@@ -124,6 +124,7 @@ class Reconciler:
         self._locks: dict[Key, asyncio.Lock] = {}
         self._queued: set[Key] = set()
         self._wakeup = asyncio.Event()
+        self.housekeeping: asyncio.Task | None = None  # the one housekeeping loop (handlers.py)
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
         # Our own last status write per job, with its resourceVersion: the watch (and so the
         # index) may lag behind it, and deciding from an older status could count twice.

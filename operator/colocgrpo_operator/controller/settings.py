@@ -12,6 +12,8 @@ Why each value:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
@@ -97,8 +99,14 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.cleanup()
-def close_clients(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Close what startup opened (the HTTP pool and the metrics server)."""
+async def close_clients(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Stop the housekeeping loop, then close what startup opened (HTTP pool, metrics server)."""
+    reconciler = getattr(memo, "reconciler", None)
+    task = reconciler.housekeeping if reconciler is not None else None
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     kube = getattr(memo, "kube", None)
     if kube is not None:
         kube.close()

@@ -1,13 +1,14 @@
-"""Trimmed, detached copies of watched objects, for kopf's in-memory indices.
+"""Trimmed views of watched objects, for kopf's in-memory indices.
 
 Only the fields status derivation reads are kept: 500 jobs with their pods then cost
 kilobytes, not the megabytes of full objects (managedFields alone dwarf the rest).
-Copies are deep, so the indices never alias a body kopf may still mutate.
+Copies are shallow, on purpose: every watch event brings a freshly decoded object that kopf
+replaces, never edits, and nothing downstream mutates its inputs (status.assess builds new
+dicts), so deep copies would only burn CPU — they were the operator's top cost at 500 jobs.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 def _pick(source: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(source, Mapping):
         return {}
-    return {k: copy.deepcopy(source[k]) for k in keys if k in source and source[k] is not None}
+    return {k: source[k] for k in keys if k in source and source[k] is not None}
 
 
 def _owner_uids(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -44,8 +45,8 @@ def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
                          "labels")),
             annotations=annotations,
         ),
-        "spec": copy.deepcopy(dict(body.get("spec") or {})),
-        "status": copy.deepcopy(dict(body.get("status") or {})),
+        "spec": dict(body.get("spec") or {}),
+        "status": dict(body.get("status") or {}),
     }
 
 

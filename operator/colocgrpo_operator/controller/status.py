@@ -368,9 +368,10 @@ def set_condition(
     """A new list with one condition set; lastTransitionTime moves only when status flips."""
     status_text = status if isinstance(status, str) else ("True" if status else "False")
     previous = next((c for c in conditions if isinstance(c, dict) and c.get("type") == type_), None)
-    transition = format_time(now)
     if previous and previous.get("status") == status_text and previous.get("lastTransitionTime"):
         transition = previous["lastTransitionTime"]
+    else:
+        transition = format_time(now)
     condition = {
         "type": type_,
         "status": status_text,
