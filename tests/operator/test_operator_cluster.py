@@ -394,3 +394,38 @@ def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op
         key = (obj["status"]["phase"], condition(obj, "SpecValid").get("reason"))
         verdicts[key] = verdicts.get(key, 0) + 1
     print(f"{len(accepted)} fuzzed jobs stored and judged: {verdicts}")
+
+
+def _cli(kube_cluster, *args, timeout=60):
+    import subprocess
+    import sys
+
+    from operator_harness import REPO
+
+    env = dict(__import__("os").environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
+    return subprocess.Popen([sys.executable, "-m", "colocgrpo_operator.cli", *args,
+                             f"--kubeconfig={kube_cluster.kubeconfig}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+
+
+def test_watch_exits_with_the_outcome_and_logs_finds_rank0(cluster, kube_cluster, operator, op_namespace):
+    ns = op_namespace
+    cluster.create_job(ns, tiny_job("ok"))
+    cluster.create_job(ns, tiny_job("doomed", runPolicy={"maxRestarts": 0}))
+    ok_pod, doomed_pod = running_pod(cluster, ns, "ok"), running_pod(cluster, ns, "doomed")
+    watch_ok = _cli(kube_cluster, "watch", "ok", "-n", ns, "--plain", "--timeout", "60")
+    watch_doomed = _cli(kube_cluster, "watch", "doomed", "-n", ns, "--plain", "--timeout", "60")
+    watch_timeout = _cli(kube_cluster, "watch", "doomed", "-n", ns, "--plain", "--timeout", "1")
+    assert watch_timeout.wait(30) == 3  # still Running after 1 s
+    drive_pod_success(kube_cluster.core_v1, ns, ok_pod["metadata"]["name"])
+    drive_pod_failure(kube_cluster.core_v1, ns, doomed_pod["metadata"]["name"], exit_code=2)
+    out_ok, _ = watch_ok.communicate(timeout=60)
+    out_doomed, _ = watch_doomed.communicate(timeout=60)
+    assert watch_ok.returncode == 0 and "Succeeded" in out_ok, out_ok
+    assert watch_doomed.returncode == 1 and "Failed" in out_doomed, out_doomed
+    logs = _cli(kube_cluster, "logs", "ok", "-n", ns)
+    out_logs, _ = logs.communicate(timeout=60)
+    assert logs.returncode == 0, out_logs
+    missing = _cli(kube_cluster, "logs", "ok", "--rank", "5", "-n", ns)
+    out_missing, _ = missing.communicate(timeout=60)
+    assert missing.returncode == 2 and "rank 5" in out_missing
