@@ -429,3 +429,16 @@ def test_watch_exits_with_the_outcome_and_logs_finds_rank0(cluster, kube_cluster
     missing = _cli(kube_cluster, "logs", "ok", "--rank", "5", "-n", ns)
     out_missing, _ = missing.communicate(timeout=60)
     assert missing.returncode == 2 and "rank 5" in out_missing
+
+
+def test_frozen_trainer_args_change_is_refused_not_rolled_out(cluster, operator, op_namespace):
+    ns, name = op_namespace, "frozen"
+    cluster.create_job(ns, tiny_job(name))
+    wait_phase(cluster, ns, name, "Running", operator=operator)
+    before = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-config")["data"]["grpo.yaml"]
+    cluster.patch_job(ns, name, {"spec": {"trainerArgs": {"learning_rate": 0.5}}})
+    wait_for(lambda: any(e.get("reason") == "ImmutableField" and "spec.trainerArgs" in (e.get("message") or "")
+                         for e in cluster.events(ns)), 20, "an ImmutableField warning naming spec.trainerArgs")
+    after = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-config")["data"]["grpo.yaml"]
+    assert after == before
+    assert phase(cluster, ns, name) == "Running"

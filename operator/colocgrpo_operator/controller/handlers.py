@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION
+from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
 from colocgrpo_operator.controller import settings as _settings  # noqa: F401  (registers startup/cleanup)
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
@@ -86,14 +86,27 @@ def _reconciler(memo: kopf.Memo) -> Reconciler:
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE)
 async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, reason: Any,
-                        jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index,
-                        **_: Any) -> None:
+                        old: Any, new: Any, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
+                        pods_by_owner: kopf.Index, **_: Any) -> None:
     """Validate, apply every child (idempotently) and derive status. Safe to run any number
     of times: on create, on every spec change, and for every job when the operator starts."""
     key = (namespace, name)
+    trigger = getattr(reason, "value", str(reason))
+    ensure_children = True
+    if trigger == "update" and old is not None and new is not None:
+        # The CRD's CEL rules freeze a started job's spec, except trainerArgs (its untyped values
+        # defeat CEL). A frozen field changed anyway is not rolled out: the running gang and its
+        # ConfigMap keep what they started with, and the user is told which field.
+        # kopf's old/new are the essence (no status); whether the job started is in the status.
+        started = {"status": dict(body.get("status") or {})}
+        problems = spec_change_problems(dict(old, **started), dict(new, **started))
+        if problems:
+            ensure_children = False
+            kopf.warn(body, reason="ImmutableField",
+                      message="; ".join(f"{path} {text}" for path, text in problems)[:1024])
     await _reconciler(memo).reconcile(
         key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
-        trigger=getattr(reason, "value", str(reason)), ensure_children=True,
+        trigger=trigger, ensure_children=ensure_children,
         fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
     )
     _reconciler(memo).wake_up()  # a changed TTL or a finished job: let the clock look again
