@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
