@@ -41,12 +41,22 @@ RENDER_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
 
 REWARD_MODULE = textwrap.dedent(
     '''
+    import re
+
+    _NUMBER = re.compile(r"-?\\d+")
+
+
     def exact_answer(completions, solution, **kwargs):
-        """1.0 when the completion is exactly the number (an optional trailing period allowed)."""
+        """1.0 when the last number in the completion is exactly the sum.
+
+        The first GPU run scored the whole text against the number ("5" only): SmolLM2 answers in a
+        sentence ("3 + 2 = 5."), so every completion scored 0 and GRPO had no signal at all.
+        """
         out = []
         for completion, gold in zip(completions, solution):
             text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
-            out.append(1.0 if text.strip().rstrip(".").strip() == str(gold).strip() else 0.0)
+            numbers = _NUMBER.findall(text)
+            out.append(1.0 if numbers and numbers[-1] == str(gold).strip() else 0.0)
         return out
     '''
 )
