@@ -83,6 +83,9 @@ def test_cluster_wide_identity_can_do_its_work(cluster_wide, kube_cluster, names
         ("list", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
         ("watch", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
         ("patch", "colocgrpojobs.colocgrpo.io", "--subresource=status", "-n", namespace),
+        # ttlSecondsAfterFinished: the operator deletes finished jobs.
+        ("delete", "colocgrpojobs.colocgrpo.io", "-n", namespace),
+        ("update", "colocgrpojobs.colocgrpo.io", "--subresource=finalizers", "-n", namespace),
         ("create", "jobs.batch", "-n", namespace),
         ("create", "configmaps", "-n", namespace),
         ("create", "services", "-n", namespace),
@@ -118,7 +121,6 @@ FORBIDDEN = [
     ("impersonate", "serviceaccounts", "--all-namespaces"),
     ("delete", "namespaces"),
     ("patch", "nodes"),
-    ("delete", "colocgrpojobs.colocgrpo.io", "--all-namespaces"),
     ("*", "*", "--all-namespaces"),
 ]
 

@@ -126,8 +126,9 @@ def _rules(role):
 
 # What the operator needs, exactly (tests/chart/test_chart_install.py proves it is enough).
 NAMESPACED_RULES = {
-    ("colocgrpo.io", "colocgrpojobs"): {"get", "list", "watch", "patch", "update"},
+    ("colocgrpo.io", "colocgrpojobs"): {"get", "list", "watch", "patch", "update", "delete"},
     ("colocgrpo.io", "colocgrpojobs/status"): {"get", "patch", "update"},
+    ("colocgrpo.io", "colocgrpojobs/finalizers"): {"update"},
     ("", "configmaps"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("", "services"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("", "serviceaccounts"): {"create", "get", "list", "watch", "patch", "update", "delete"},
