@@ -20,6 +20,10 @@ DEV_VENV := $(CACHE)/venv-dev-$(DEV_KEY)
 TRAINER_VENV := $(CACHE)/venv-trainer-$(TRAINER_KEY)
 TRAINER_STAMP := $(TRAINER_VENV)/.project-deps-$(DEV_KEY)
 export PIP_CACHE_DIR ?= $(CACHE)/pip
+# A venv is ready once its .ready marker exists: the paths are keyed by content, so rules never look at
+# file times (a fresh clone's files are all "new", which would rebuild every cached venv on each CI run).
+DEV_READY := $(DEV_VENV)/.ready
+TRAINER_READY := $(TRAINER_VENV)/.ready
 DEV_PY := $(DEV_VENV)/bin/python
 TRAINER_PY := $(TRAINER_VENV)/bin/python
 
@@ -35,25 +39,25 @@ help:
 	@echo "make demo   - local control plane + fake GPU nodes + operator + sample job watched to completion"
 	@echo "make test   - every test (operator, chart, cluster, trainer on CPU; GPU tests skip without a GPU)"
 
-$(DEV_PY): pyproject.toml
+$(DEV_READY):
 	rm -rf "$(DEV_VENV)"
 	$(PYTHON) -m venv "$(DEV_VENV)"
 	"$(DEV_PY)" -m pip install -q --upgrade pip
 	"$(DEV_PY)" -m pip install -q -e '.[dev]'
-	touch "$(DEV_PY)"
+	touch "$(DEV_READY)"
 
-dev-venv: $(DEV_PY)
+dev-venv: $(DEV_READY)
 
 # torch from PyPI is the CUDA build (several GB): its venv is built once per pin set and cached.
-$(TRAINER_PY): training/requirements-cpu-test.txt
+$(TRAINER_READY):
 	rm -rf "$(TRAINER_VENV)"
 	$(PYTHON) -m venv "$(TRAINER_VENV)"
 	"$(TRAINER_PY)" -m pip install -q --upgrade pip
 	"$(TRAINER_PY)" -m pip install -q -r training/requirements-cpu-test.txt
-	touch "$(TRAINER_PY)"
+	touch "$(TRAINER_READY)"
 
 # The project's own (small) dependencies, refreshed whenever pyproject.toml changes.
-$(TRAINER_STAMP): $(TRAINER_PY) pyproject.toml
+$(TRAINER_STAMP): $(TRAINER_READY)
 	"$(TRAINER_PY)" -m pip install -q -r training/requirements-cpu-test.txt -e '.[dev]'
 	rm -f "$(TRAINER_VENV)"/.project-deps-*
 	touch "$(TRAINER_STAMP)"
