@@ -8,7 +8,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
-PHASES = ("Pending", "Queued", "Suspended", "Starting", "Running", "Restarting", "Succeeded", "Failed")
+from colocgrpo_operator.api import Phase
+
+PHASES = tuple(phase.value for phase in Phase)
 
 JOBS_BY_PHASE = Gauge("colocgrpo_jobs", "ColocGRPOJobs known to the operator, by phase", ["phase"])
 RECONCILE_SECONDS = Histogram(

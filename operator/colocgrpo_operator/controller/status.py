@@ -17,19 +17,22 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-# Phases (api.Phase values; plain strings keep this module free of the API import).
-PENDING = "Pending"
-QUEUED = "Queued"
-SUSPENDED = "Suspended"
-STARTING = "Starting"
-RUNNING = "Running"
-RESTARTING = "Restarting"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
+from colocgrpo_operator.api import ConditionType, Phase
+
+# Phases as plain strings (the API enum's values), so they compare, hash and format exactly
+# like the strings read back from Kubernetes.
+PENDING = Phase.PENDING.value
+QUEUED = Phase.QUEUED.value
+SUSPENDED = Phase.SUSPENDED.value
+STARTING = Phase.STARTING.value
+RUNNING = Phase.RUNNING.value
+RESTARTING = Phase.RESTARTING.value
+SUCCEEDED = Phase.SUCCEEDED.value
+FAILED = Phase.FAILED.value
 TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
 
-# Condition types, in the order they are listed in status.conditions.
-CONDITION_TYPES = ("SpecValid", "Queued", "Suspended", "Running", "Stalled", "Succeeded", "Failed")
+# Condition types, in the order they are listed in status.conditions (the API enum's order).
+CONDITION_TYPES = tuple(condition_type.value for condition_type in ConditionType)
 
 # Failure reasons a restart cannot fix: the same spec would fail the same way again.
 NON_RETRYABLE_REASONS = frozenset({"DeadlineExceeded", "InvalidConfig", "DataError", "InvalidSpec"})
