@@ -8,6 +8,9 @@ from typing import Any
 
 import yaml
 
+from colocgrpo_operator.api.model import ColocGRPOJob
+from colocgrpo_operator.api.validation import JobSpecError, parse_job
+
 
 class ManifestError(ValueError):
     """The file cannot be read or is not YAML; the message names the file."""
@@ -31,6 +34,31 @@ def load_documents(path: str) -> list[Any]:
     if not documents:
         raise ManifestError(f"{path}: no YAML documents")
     return documents
+
+
+def read_jobs(path: str, namespace: str | None = None) -> tuple[list[tuple[str, ColocGRPOJob]], list[str]]:
+    """The valid ColocGRPOJobs in PATH and one printable line per problem.
+
+    Each job comes with its label: PATH, or PATH[i] when the file holds several documents.
+    Problems are `error: ...` for a file that cannot be read, else `<label>: <field path>: ...`
+    for every bad field of every invalid document. NAMESPACE fills in metadata.namespace
+    where a document leaves it unset.
+    """
+    try:
+        documents = load_documents(path)
+    except ManifestError as error:
+        return [], [f"error: {error}"]
+    jobs: list[tuple[str, ColocGRPOJob]] = []
+    problems: list[str] = []
+    for index, document in enumerate(documents):
+        label = path if len(documents) == 1 else f"{path}[{index}]"
+        if namespace and isinstance(document, dict) and isinstance(document.get("metadata"), dict):
+            document["metadata"].setdefault("namespace", namespace)
+        try:
+            jobs.append((label, parse_job(document)))
+        except JobSpecError as error:
+            problems.extend(f"{label}: {line}" for line in error.lines())
+    return jobs, problems
 
 
 class _ReadableDumper(yaml.SafeDumper):

@@ -19,30 +19,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colocgrpo_operator.api.validation import JobSpecError, parse_job
-    from colocgrpo_operator.manifest_files import ManifestError, dump_documents, load_documents
+    from colocgrpo_operator.manifest_files import dump_documents, read_jobs
     from colocgrpo_operator.render import render_children
 
-    try:
-        documents = load_documents(args.filename)
-    except ManifestError as error:
-        print(f"error: {error}", file=sys.stderr)
+    jobs, problems = read_jobs(args.filename, namespace=args.namespace)
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
         return 1
-    objects = []
-    failed = False
-    for index, document in enumerate(documents):
-        label = args.filename if len(documents) == 1 else f"{args.filename}[{index}]"
-        if args.namespace and isinstance(document, dict) and isinstance(document.get("metadata"), dict):
-            document["metadata"].setdefault("namespace", args.namespace)
-        try:
-            job = parse_job(document)
-        except JobSpecError as error:
-            failed = True
-            for line in error.lines():
-                print(f"{label}: {line}", file=sys.stderr)
-            continue
-        objects.extend(render_children(job, default_image=args.trainer_image))
-    if failed:
-        return 1
+    objects = [obj for _label, job in jobs for obj in render_children(job, default_image=args.trainer_image)]
     sys.stdout.write(dump_documents(objects))
     return 0

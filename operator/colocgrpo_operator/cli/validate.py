@@ -17,25 +17,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colocgrpo_operator.api.validation import JobSpecError, parse_job
-    from colocgrpo_operator.manifest_files import ManifestError, load_documents
+    from colocgrpo_operator.manifest_files import read_jobs
 
     failed = False
     for path in args.filename:
-        try:
-            documents = load_documents(path)
-        except ManifestError as error:
-            print(f"error: {error}", file=sys.stderr)
-            failed = True
-            continue
-        for index, document in enumerate(documents):
-            label = path if len(documents) == 1 else f"{path}[{index}]"
-            try:
-                job = parse_job(document)
-            except JobSpecError as error:
-                failed = True
-                for line in error.lines():
-                    print(f"{label}: {line}", file=sys.stderr)
-                continue
+        jobs, problems = read_jobs(path)
+        for line in problems:
+            print(line, file=sys.stderr)
+        failed = failed or bool(problems)
+        for label, job in jobs:
             print(f"{label}: ColocGRPOJob {job.name} is valid")
     return 1 if failed else 0
