@@ -87,6 +87,18 @@ def _drop(reason: str) -> Handler:
     return handle
 
 
+def _only(accepted: Any, note: str, refusal: str) -> Handler:
+    """A setting jobs always have: the value ACCEPTED is dropped with NOTE, any other is refused."""
+
+    def handle(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
+        if type(value) is type(accepted) and value == accepted:  # True is not 1 here
+            t.notes.append(f"{key}: {note}")
+        else:
+            t.untranslatable.append(f"{key}: {value!r}: {refusal}")
+
+    return handle
+
+
 def _dtype(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
     if value not in DTYPES:
         t.untranslatable.append(f"{key}: {value!r} is not one of {', '.join(DTYPES)} (target spec.model.dtype)")
@@ -122,20 +134,6 @@ def _tensor_parallel(t: Translation, key: str, value: Any, recipe: dict[str, Any
         t.set("vllm.tensorParallelSize", value)
     else:
         t.untranslatable.append(f"{key}: {value!r} gives no tensor-parallel size; pass --tp N (spec.vllm.tensorParallelSize)")
-
-
-def _use_vllm(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
-    if value is True:
-        t.notes.append(f"{key}: true dropped: vLLM is always used by GPU jobs, colocated (spec.resources.gpusPerNode > 0)")
-    else:
-        t.untranslatable.append(f"{key}: {value!r}: generation without vLLM is only available to CPU jobs (--gpus-per-node 0)")
-
-
-def _vllm_mode(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
-    if value == "colocate":
-        t.notes.append(f"{key}: colocate dropped: vLLM always runs colocated")
-    else:
-        t.untranslatable.append(f"{key}: {value!r}: only colocated vLLM is supported")
 
 
 def _sleep_mode(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
@@ -181,20 +179,6 @@ def _save_steps(t: Translation, key: str, value: Any, recipe: dict[str, Any]) ->
         t.untranslatable.append(f"{key}: {value!r}: spec.checkpoint.saveSteps takes a whole number of steps")
 
 
-def _do_eval(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
-    if value is False:
-        t.notes.append(f"{key}: false dropped: jobs do not evaluate")
-    else:
-        t.untranslatable.append(f"{key}: {value!r}: evaluation during training is not supported")
-
-
-def _eval_strategy(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
-    if value == "no":
-        t.notes.append(f"{key}: 'no' dropped: jobs do not evaluate")
-    else:
-        t.untranslatable.append(f"{key}: {value!r}: evaluation during training is not supported")
-
-
 def _rewards(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
     functions = value if isinstance(value, list) else [value]
     weights = recipe.get("reward_weights")
@@ -226,6 +210,8 @@ def _model_init_kwargs(t: Translation, key: str, value: Any, recipe: dict[str, A
         t.trainer_arg(key, rest)
 
 
+_NO_EVALUATION = "evaluation during training is not supported"
+
 # recipe key -> (where it goes, handler). Keys not listed go to trainerArgs when they are
 # GRPOConfig fields of the pinned TRL, else to the untranslatable report.
 TRANSLATIONS: dict[str, tuple[str, Handler]] = {
@@ -252,8 +238,15 @@ TRANSLATIONS: dict[str, tuple[str, Handler]] = {
     "reward_funcs": ("spec.rewards[].function", _rewards),
     "reward_weights": ("spec.rewards[].weight", _reward_weights),
     # vLLM
-    "use_vllm": ("(always on for GPU jobs)", _use_vllm),
-    "vllm_mode": ("(always colocate)", _vllm_mode),
+    "use_vllm": (
+        "(always on for GPU jobs)",
+        _only(True, "true dropped: vLLM is always used by GPU jobs, colocated (spec.resources.gpusPerNode > 0)",
+              "generation without vLLM is only available to CPU jobs (--gpus-per-node 0)"),
+    ),
+    "vllm_mode": (
+        "(always colocate)",
+        _only("colocate", "colocate dropped: vLLM always runs colocated", "only colocated vLLM is supported"),
+    ),
     "vllm_tp": ("spec.vllm.tensorParallelSize", _tensor_parallel),
     "vllm_tensor_parallel_size": ("spec.vllm.tensorParallelSize", _tensor_parallel),
     "vllm_gpu_memory_utilization": (
@@ -277,8 +270,8 @@ TRANSLATIONS: dict[str, tuple[str, Handler]] = {
     "save_steps": ("spec.checkpoint.saveSteps", _save_steps),
     "save_total_limit": ("spec.checkpoint.saveTotalLimit", _to("checkpoint.saveTotalLimit", lambda v: _is_int(v) and v > 0, "a positive integer")),
     # Evaluation is not part of a job
-    "do_eval": ("(no evaluation)", _do_eval),
-    "eval_strategy": ("(no evaluation)", _eval_strategy),
+    "do_eval": ("(no evaluation)", _only(False, "false dropped: jobs do not evaluate", _NO_EVALUATION)),
+    "eval_strategy": ("(no evaluation)", _only("no", "'no' dropped: jobs do not evaluate", _NO_EVALUATION)),
 }
 
 
