@@ -100,9 +100,9 @@ def test_bad_input_exit_2(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("spec: [unclosed\n")
     not_yaml = colocgrpo("plan", "-f", str(broken))
-    assert not_yaml.returncode == 2 and "not valid YAML" in not_yaml.stderr
+    assert not_yaml.returncode == 2 and "invalid YAML" in not_yaml.stderr
     no_job = colocgrpo("plan", "-f", "-", stdin="apiVersion: v1\nkind: ConfigMap\n")
-    assert no_job.returncode == 2 and "no ColocGRPOJob" in no_job.stderr
+    assert no_job.returncode == 2 and "kind: must be ColocGRPOJob, got 'ConfigMap'" in no_job.stderr
     bad_util = base_spec("Qwen/Qwen2.5-14B-Instruct")
     bad_util["vllm"]["gpuMemoryUtilization"] = 1.5
     result = colocgrpo("plan", "-f", str(write_job(tmp_path, bad_util, "badutil")))

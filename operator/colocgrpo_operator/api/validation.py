@@ -39,10 +39,11 @@ class JobSpecError(ValueError):
 
     def __init__(self, errors: list[tuple[str, str]]):
         self.errors = errors
-        super().__init__("; ".join(f"{path}: {message}" for path, message in errors))
+        super().__init__("; ".join(self.lines()))
 
     def lines(self) -> list[str]:
-        return [f"{path}: {message}" for path, message in self.errors]
+        # A problem with the whole document (not a mapping) has no field path: no leading ": ".
+        return [f"{path}: {message}" if path else message for path, message in self.errors]
 
 
 def format_location(loc: tuple[Any, ...]) -> str:

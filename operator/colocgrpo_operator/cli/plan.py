@@ -37,17 +37,20 @@ def register(subparsers: Any) -> None:
 
 
 def _load_job(filename: str) -> tuple[dict[str, Any], Path | None]:
-    import yaml
+    """The one job document in FILENAME, read as `validate` reads it (same messages for missing files, bad YAML).
 
-    if filename == "-":
-        text, base_dir = sys.stdin.read(), None
-    else:
-        path = Path(filename)
-        text, base_dir = path.read_text(), path.resolve().parent
-    documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    jobs = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind", "ColocGRPOJob") == "ColocGRPOJob"]
+    A file holding a single document is returned whatever its kind, so that the API model names
+    what is wrong with it (kind, apiVersion, not a mapping) instead of "no job found".
+    """
+    from colocgrpo_operator.manifest_files import load_documents
+
+    documents = load_documents(filename)
+    base_dir = None if filename == "-" else Path(filename).resolve().parent
+    if len(documents) == 1:
+        return documents[0], base_dir
+    jobs = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == "ColocGRPOJob"]
     if not jobs:
-        raise ValueError(f"{filename}: no ColocGRPOJob document found")
+        raise ValueError(f"{filename}: no ColocGRPOJob document among its {len(documents)} documents")
     if len(jobs) > 1:
         raise ValueError(f"{filename}: {len(jobs)} ColocGRPOJob documents; plan one at a time")
     return jobs[0], base_dir
@@ -85,22 +88,17 @@ def _print_rich(plan: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
     from colocgrpo_training.planner import PlanInputError, plan_job
 
     try:
         job, base_dir = _load_job(args.filename)
-    except yaml.YAMLError as error:
-        print(f"error: {args.filename}: not valid YAML: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (OSError, ValueError) as error:
+    except ValueError as error:  # ManifestError too: the message names the file
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     problems = _validation_problems(job)
     if problems:
         for line in problems:
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {args.filename}: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
         print("error: --gpu-memory-gib: must be positive", file=sys.stderr)
