@@ -32,7 +32,10 @@ JOB_NAME = "tiny-cpu"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="local cluster + operator + the tiny CPU job trained for real")
+    parser = subparsers.add_parser(
+        "demo", help="local cluster + operator + the tiny CPU job trained for real",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--trainer-python", default=os.environ.get("COLOCGRPO_TRAINER_PYTHON"),
                         help="python of the trainer venv (default: $COLOCGRPO_TRAINER_PYTHON, else the newest "
                              "~/.cache/colocgrpo/venv-trainer-*)")

@@ -7,7 +7,7 @@ import json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    dev = subparsers.add_parser("dev", help="developer tools (local cluster)")
+    dev = subparsers.add_parser("dev", help="developer tools (local cluster)", description=__doc__)
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="TOOL", required=True)
     cluster = dev_sub.add_parser(
         "cluster",
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("down", "stop every process `up` started and remove the cluster's state"),
         ("status", "print the cluster's state as JSON"),
     ):
-        parser = actions.add_parser(action, help=text)
+        parser = actions.add_parser(action, help=text, description=text)
         parser.add_argument("--name", default=None, help="cluster name (default: colocgrpo)")
         parser.set_defaults(func=_run)
 

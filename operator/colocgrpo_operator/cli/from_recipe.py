@@ -12,7 +12,10 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("from-recipe", help="convert a TRL/open-r1 GRPO recipe YAML into a ColocGRPOJob")
+    parser = subparsers.add_parser(
+        "from-recipe", help="convert a TRL/open-r1 GRPO recipe YAML into a ColocGRPOJob",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("recipe", help="recipe YAML (e.g. open-r1 recipes/.../config.yaml)")
     parser.add_argument("--name", help="metadata.name (default: from the model name)")
     parser.add_argument("--namespace", help="metadata.namespace")

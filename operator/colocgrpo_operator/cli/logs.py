@@ -14,8 +14,11 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("logs", help="print (or follow) the trainer log of one rank of a job")
-    parser.add_argument("name")
+    parser = subparsers.add_parser(
+        "logs", help="print (or follow) the trainer log of one rank of a job",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", help="the ColocGRPOJob's metadata.name")
     parser.add_argument("--rank", type=int, default=0, help="node rank = completion index (default 0)")
     parser.add_argument("--namespace", "-n", default=None)
     parser.add_argument("--follow", "-f", action="store_true")

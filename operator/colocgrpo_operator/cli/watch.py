@@ -15,8 +15,11 @@ TERMINAL = {"Succeeded": 0, "Failed": 1}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("watch", help="follow a ColocGRPOJob live until it succeeds or fails")
-    parser.add_argument("name")
+    parser = subparsers.add_parser(
+        "watch", help="follow a ColocGRPOJob live until it succeeds or fails",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", help="the ColocGRPOJob's metadata.name")
     parser.add_argument("--namespace", "-n", default=None, help="default: the kubeconfig context's namespace")
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
