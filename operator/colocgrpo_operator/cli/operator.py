@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trainer_image:
         os.environ[operator_settings.ENV_TRAINER_IMAGE] = args.trainer_image
     os.environ[operator_settings.ENV_METRICS_PORT] = str(args.metrics_port)
+    os.environ[operator_settings.ENV_WATCHED_NAMESPACES] = ",".join(args.namespace)
     if args.recheck_seconds:
         os.environ[operator_settings.ENV_ACTIVE_INTERVAL] = str(args.recheck_seconds)
 
