@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import Any
 
+from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
+
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
@@ -39,6 +41,7 @@ def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
     return candidates[-1] if candidates else None
 
 
+@reports_cluster_errors
 def run(args: argparse.Namespace) -> int:
     from kubernetes import config
     from kubernetes.client import CoreV1Api
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     if pod is None:
         ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) for p in pods}
                        - {None})
+        if not pods and not _job_exists(api_client, namespace, args.name):
+            print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
+            return 2
         hint = f" (ranks with pods: {', '.join(ranks)})" if ranks else " (the job has no pods yet)"
         print(f"error: no pod of rank {args.rank} for job {namespace}/{args.name}{hint}", file=sys.stderr)
         return 2
@@ -74,3 +80,18 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _job_exists(api_client: Any, namespace: str, name: str) -> bool:
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    from colocgrpo_operator.api import GROUP, PLURAL, VERSION
+
+    try:
+        CustomObjectsApi(api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
+
 TERMINAL = {"Succeeded": 0, "Failed": 1}
 
 
@@ -91,6 +93,7 @@ def _plain_line(obj: dict[str, Any]) -> str:
             f"  reward {reward if reward is not None else '-'}  {status.get('message') or ''}")
 
 
+@reports_cluster_errors
 def run(args: argparse.Namespace) -> int:
     from kubernetes import config, watch
     from kubernetes.client import CustomObjectsApi

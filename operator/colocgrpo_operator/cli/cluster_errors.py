@@ -1,0 +1,57 @@
+"""One clean line, not a traceback, when a cluster-facing command cannot use the cluster.
+
+A user with no kubeconfig, the wrong context or a stopped cluster otherwise meets a
+kubernetes-client/urllib3 traceback. Commands that talk to the API server wrap their
+handler with `reports_cluster_errors`; these failures then exit 2 ("bad arguments or
+environment", as `watch` documents) with a line that says what to check.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable
+
+EXIT_CLUSTER_ERROR = 2
+
+
+def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str | None:
+    """The user-facing line for ERROR, or None when it is not a cluster-access problem."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError, MaxRetryError
+
+    source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if isinstance(error, ConfigException):
+        return f"kubeconfig {source}: {error} (pass --kubeconfig or set KUBECONFIG)"
+    if isinstance(error, MaxRetryError):
+        pool = getattr(error, "pool", None)
+        where = f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else "the API server"
+        reason = getattr(error, "reason", None)
+        detail = str(getattr(reason, "args", [""])[-1] if reason is not None and reason.args else reason or error)
+        # urllib3 wraps the OS error as "<connection object>: Failed to ...": keep the readable tail.
+        detail = detail.split(": ", 1)[-1] if detail.startswith("<") else detail
+        return f"cannot reach the Kubernetes API server at {where} ({detail}); is the cluster up? (kubeconfig {source})"
+    if isinstance(error, HTTPError):
+        return f"cannot reach the Kubernetes API server: {error} (kubeconfig {source})"
+    if isinstance(error, ApiException):
+        return f"the API server refused the request: {error.status} {error.reason}"
+    return None
+
+
+def reports_cluster_errors(handler: Callable[[Any], int]) -> Callable[[Any], int]:
+    """Wrap a subcommand handler whose args carry `kubeconfig`."""
+
+    @functools.wraps(handler)
+    def wrapped(args: Any) -> int:
+        try:
+            return handler(args)
+        except Exception as error:  # noqa: BLE001 - re-raised unless it is a cluster-access problem
+            line = describe_cluster_error(error, getattr(args, "kubeconfig", None))
+            if line is None:
+                raise
+            print(f"error: {line}", file=sys.stderr)
+            return EXIT_CLUSTER_ERROR
+
+    return wrapped
