@@ -16,6 +16,14 @@ class ManifestError(ValueError):
     """The file cannot be read or is not YAML; the message names the file."""
 
 
+def describe_yaml_error(error: yaml.YAMLError) -> str:
+    """'invalid YAML (line L, column C): problem' on one line (PyYAML's own text spans several)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    problem = getattr(error, "problem", None) or str(error)
+    return f"invalid YAML{where}: {problem}"
+
+
 def load_documents(path: str) -> list[Any]:
     """All YAML documents in PATH ('-' is stdin), skipping empty ones."""
     try:
@@ -27,10 +35,7 @@ def load_documents(path: str) -> list[Any]:
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise ManifestError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise ManifestError(f"{path}: {describe_yaml_error(error)}") from None
     if not documents:
         raise ManifestError(f"{path}: no YAML documents")
     return documents

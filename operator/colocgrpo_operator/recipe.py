@@ -306,6 +306,11 @@ def load_recipe(text: str) -> tuple[dict[str, Any], list[tuple[str, Any, Any]]]:
         loader.dispose()
     if not isinstance(data, dict):
         raise ValueError(f"a recipe is a YAML mapping of arguments, got {type(data).__name__}")
+    if "apiVersion" in data and "kind" in data:
+        # A Kubernetes manifest (often a ColocGRPOJob passed by mistake) is not a flat argument mapping;
+        # translating it would report its whole spec as one untranslatable key.
+        hint = "; use `colocgrpo validate/render/plan -f` on it" if data.get("kind") == "ColocGRPOJob" else ""
+        raise ValueError(f"it is a Kubernetes {data.get('kind')} manifest, not a GRPO recipe{hint}")
     return data, loader.duplicates
 
 

@@ -82,3 +82,21 @@ def test_whole_document_error_has_no_empty_field_path():
         parse_job(["not", "a", "mapping"])
     assert caught.value.lines() == ["a ColocGRPOJob must be a mapping, got list"]
     assert not str(caught.value).startswith(":")
+
+
+def test_from_recipe_bad_yaml_is_one_line(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("learning_rate: [1e-6\n")
+    result = colocgrpo("from-recipe", str(path))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [f"error: {path}: invalid YAML (line 2, column 1): "
+                                                  "expected ',' or ']', but got '<stream end>'"]
+
+
+def test_from_recipe_given_a_job_manifest_points_at_the_right_commands():
+    job = REPO / "examples/tiny-cpu.yaml"
+    result = colocgrpo("from-recipe", str(job))
+    assert result.returncode == 1 and result.stdout == ""
+    line, = result.stderr.strip().splitlines()
+    assert line == (f"error: {job}: not a recipe: it is a Kubernetes ColocGRPOJob manifest, not a GRPO recipe; "
+                    "use `colocgrpo validate/render/plan -f` on it")

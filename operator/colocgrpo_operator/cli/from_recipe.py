@@ -45,7 +45,10 @@ def render_job_yaml(job: dict, notes: list[str], untranslatable: list[str]) -> s
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import yaml
+
     from colocgrpo_operator.api.validation import JobSpecError, parse_job
+    from colocgrpo_operator.manifest_files import describe_yaml_error
     from colocgrpo_operator.recipe import load_recipe, translate_recipe
 
     try:
@@ -55,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         recipe, duplicates = load_recipe(text)
-    except Exception as error:  # yaml.YAMLError or a non-mapping document
+    except yaml.YAMLError as error:
+        print(f"error: {args.recipe}: {describe_yaml_error(error)}", file=sys.stderr)
+        return 1
+    except ValueError as error:  # not a mapping, or already a Kubernetes manifest
         print(f"error: {args.recipe}: not a recipe: {error}", file=sys.stderr)
         return 1
     job, report = translate_recipe(
