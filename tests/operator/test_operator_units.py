@@ -68,9 +68,21 @@ def test_garbage_specs_are_refused_with_field_paths_never_raised(garbage, field)
     else:
         body["spec"][field] = garbage
     parsed = ParsedSpec(body)
-    assert (parsed.job is None) == bool(parsed.problems)
+    assert (not parsed.valid) == bool(parsed.problems)
     for path, message in parsed.problems:
         assert isinstance(path, str) and isinstance(message, str)
+
+
+def test_released_typed_job_renders_the_same_children_again():
+    # The reconciler drops each job's typed model after a reconcile (memory at 500 jobs) and
+    # parses it again when children must be rendered; the result must not differ.
+    body = tiny()
+    reconciler = Reconciler(kube=None, default_image="img:1", executor=None, logger=None)
+    parsed = ParsedSpec(body)
+    first = reconciler._render(parsed, body)
+    parsed.release()
+    assert parsed.valid and parsed.facts is not None
+    assert reconciler._render(parsed, body) == first
 
 
 def test_rendered_children_are_adopted_and_namespaced():

@@ -41,24 +41,31 @@ _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
 
 
 class ParsedSpec:
-    """A spec parsed once per generation: the typed job, or the problems that refuse it."""
+    """A spec parsed once per generation: what every reconcile needs (validity, run facts, the
+    plan warning), or the problems that refuse it.
+
+    The typed job (a pydantic model, ~9 KiB a job) is only needed to render children, which
+    happens on create, spec changes and gang restarts, not on the many child events and
+    re-checks in between; so it is released after each reconcile and parsed again on demand
+    (`job_model`), rather than kept for every job the operator knows.
+    """
 
     def __init__(self, cr: dict[str, Any]):
-        self.job = None
+        self.valid = False
+        self._job = None
         self.problems: list[tuple[str, str]] = []
         self.facts: derive.RunFacts | None = None
         self.plan_warning: tuple[bool, str, str] | None = None
         meta = cr.get("metadata") or {}
         try:
-            # Status is the operator's own output; only what the user wrote is validated.
-            self.job = parse_job({k: v for k, v in cr.items() if k != "status"})
+            self._job = _parse_user_spec(cr)
         except JobSpecError as error:
             self.problems = list(error.errors) or [("spec", str(error))]
             return
         except Exception as error:  # a validator bug must not take the operator down
             self.problems = [("spec", f"could not be validated: {error}")]
             return
-        spec = self.job.spec
+        spec = self._job.spec
         self.facts = derive.RunFacts(
             nodes=spec.resources.nodes,
             gpus_per_node=spec.resources.gpus_per_node,
@@ -70,6 +77,21 @@ class ParsedSpec:
             generation=meta.get("generation"),
         )
         self.plan_warning = _plan_warning(cr) if spec.resources.gpus_per_node > 0 else None
+        self.valid = True
+
+    def job_model(self, cr: dict[str, Any]) -> Any:
+        """The typed job (only for a valid spec), parsed again if it was released."""
+        if self._job is None:
+            self._job = _parse_user_spec(cr)
+        return self._job
+
+    def release(self) -> None:
+        self._job = None
+
+
+def _parse_user_spec(cr: dict[str, Any]) -> Any:
+    # Status is the operator's own output; only what the user wrote is validated.
+    return parse_job({k: v for k, v in cr.items() if k != "status"})
 
 
 def _plan_warning(cr: dict[str, Any]) -> tuple[bool, str, str] | None:
@@ -219,10 +241,20 @@ class Reconciler:
             previous = written[1]
 
         parsed = self.parsed(cr)
-        if parsed.job is None:
+        if not parsed.valid:
             desired = derive.invalid_spec_status(previous, parsed.problems, now, meta.get("generation"))
             await self._write_status(key, cr, previous, desired)
             return
+        try:
+            await self._reconcile_valid(key, cr, job, pods, parsed, previous, progress, now,
+                                        ensure_children=ensure_children)
+        finally:
+            parsed.release()  # see ParsedSpec
+
+    async def _reconcile_valid(self, key: Key, cr: dict[str, Any], job: dict[str, Any] | None,
+                               pods: list[dict[str, Any]], parsed: ParsedSpec, previous: dict[str, Any],
+                               progress: Any, now: datetime, *, ensure_children: bool) -> None:
+        meta = cr.get("metadata") or {}
 
         # A Job of the same name that this job does not own (a predecessor with the same name
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
@@ -303,7 +335,7 @@ class Reconciler:
     def _render(self, parsed: ParsedSpec, cr: dict[str, Any]) -> list[dict[str, Any]]:
         from colocgrpo_operator.render import render_children
 
-        children = render_children(parsed.job, default_image=self.default_image)
+        children = render_children(parsed.job_model(cr), default_image=self.default_image)
         owner = _event_target(cr)
         for child in children:
             child.setdefault("metadata", {}).setdefault("namespace", owner["metadata"]["namespace"])

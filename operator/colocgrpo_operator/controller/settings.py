@@ -91,13 +91,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
 
 # kopf's own HTTP session has no connection limit: a burst of 500 jobs opened hundreds of
 # TLS connections at once (one per concurrent annotation patch and Event), and their OpenSSL
-# buffers left the allocator fragmented long after they closed (177 -> 150 MiB at 500 jobs,
+# buffers left the allocator fragmented long after they closed (~170 -> ~151 MiB at 500 jobs,
 # docs/benchmarks/operator.md). The limit counts kopf's long-lived watch streams too, and a
 # request waiting for a slot held by watches would wait forever, so the bound is a working
 # pool plus room for every watch: three resources per watched namespace (or once cluster-wide)
 # and kopf's own CRD/namespace observers. Namespace globs can match any number of namespaces,
 # so with a glob there is no bound.
-ENV_KOPF_CONNECTIONS = "COLOCGRPO_KOPF_CONNECTIONS"  # the working pool (default 16)
+ENV_KOPF_CONNECTIONS = "COLOCGRPO_KOPF_CONNECTIONS"  # the working pool (default 8)
 ENV_WATCHED_NAMESPACES = "COLOCGRPO_WATCHED_NAMESPACES"  # comma-separated; set by `colocgrpo operator`
 WATCH_CONNECTIONS_PER_NAMESPACE = 4  # ColocGRPOJobs, Jobs, pods, and a spare
 OBSERVER_CONNECTIONS = 2  # kopf's CRD and namespace observers
@@ -105,7 +105,7 @@ OBSERVER_CONNECTIONS = 2  # kopf's CRD and namespace observers
 
 def kopf_connection_limit(environ: Mapping[str, str] = os.environ) -> int:
     """The connection bound of kopf's HTTP session; 0 means unbounded (kopf's default)."""
-    pool = int(environ.get(ENV_KOPF_CONNECTIONS, "16"))
+    pool = int(environ.get(ENV_KOPF_CONNECTIONS, "8"))
     if pool <= 0:
         return 0
     namespaces = [ns for ns in environ.get(ENV_WATCHED_NAMESPACES, "").split(",") if ns]
