@@ -91,7 +91,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
 
 # kopf's own HTTP session has no connection limit: a burst of 500 jobs opened hundreds of
 # TLS connections at once (one per concurrent annotation patch and Event), and their OpenSSL
-# buffers left the allocator fragmented long after they closed (typically ~175 -> ~151 MiB at 500 jobs,
+# buffers left the allocator fragmented long after they closed (10-15 MiB of ~175 at 500 jobs,
 # docs/benchmarks/operator.md). The limit counts kopf's long-lived watch streams too, and a
 # request waiting for a slot held by watches would wait forever, so the bound is a working
 # pool plus room for every watch: three resources per watched namespace (or once cluster-wide)
