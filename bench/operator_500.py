@@ -156,6 +156,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8, help="client threads creating jobs")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the namespace afterwards")
+    # Its own local cluster by default: 500-job bursts would stall the Job controller for anyone else
+    # using the demo's cluster (`make demo`, tests reusing it).
+    parser.add_argument("--cluster-name", default="colocgrpo-bench", help="local dev cluster to start/reuse")
     args = parser.parse_args()
 
     from kubernetes import config
@@ -163,7 +166,7 @@ def main() -> int:
     from colocgrpo_operator.controller.kube import KubeApi
     from colocgrpo_operator.devcluster import DevCluster
 
-    cluster = DevCluster()
+    cluster = DevCluster(name=args.cluster_name)
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else cluster.up()
     if args.kubeconfig:
         cluster = None
