@@ -95,6 +95,11 @@ def gpu_job(name: str, gpus: int) -> dict:
     }
 
 
+def job_condition_is_true(batch, namespace, name, condition_type):
+    conditions = batch.read_namespaced_job_status(name, namespace).status.conditions or []
+    return any(c.type == condition_type and c.status == "True" for c in conditions)
+
+
 def job_pods(core_v1, namespace: str, job: str) -> list:
     return core_v1.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
 
@@ -146,11 +151,7 @@ def test_gpu_job_is_scheduled_to_a_fake_gpu_node_and_completes(kube_cluster, nam
 
     drive_pod_success(core, namespace, pod.metadata.name)
 
-    def complete():
-        conditions = batch.read_namespaced_job_status("train", namespace).status.conditions or []
-        return any(c.type == "Complete" and c.status == "True" for c in conditions)
-
-    until(complete, what="Job Complete")
+    until(lambda: job_condition_is_true(batch, namespace, "train", "Complete"), what="Job Complete")
 
 
 def test_deleting_an_owner_garbage_collects_its_children(kube_cluster, namespace):
@@ -240,11 +241,7 @@ def test_suspended_job_starts_when_unsuspended_and_stops_when_suspended(kube_clu
     batch.patch_namespaced_job("queued", namespace, {"spec": {"suspend": True}})
     until(lambda: not job_pods(core, namespace, "queued"), what="the suspended Job's pod to go")
 
-    def suspended():
-        conditions = batch.read_namespaced_job_status("queued", namespace).status.conditions or []
-        return any(c.type == "Suspended" and c.status == "True" for c in conditions)
-
-    until(suspended, what="condition Suspended")
+    until(lambda: job_condition_is_true(batch, namespace, "queued", "Suspended"), what="condition Suspended")
 
 
 def test_finished_job_is_removed_after_its_ttl(kube_cluster, namespace):
