@@ -5,26 +5,18 @@ Only the exit codes differ, as documented: validate/render exit 1, plan exits 2 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from colocgrpo_operator.api import JobSpecError, parse_job
+from cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 BAD_INPUT_EXIT = {"validate": 1, "render": 1, "plan": 2}
 
 
-def colocgrpo(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
-    return subprocess.run(
-        [sys.executable, "-m", "colocgrpo_operator.cli", *args],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
-    )
 
 
 def tiny_job() -> dict:

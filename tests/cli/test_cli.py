@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_RECIPE = REPO / "tests/data/seed-config.yaml"
 
 
-def colocgrpo(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
-    return subprocess.run(
-        [sys.executable, "-m", "colocgrpo_operator.cli", *args],
-        input=stdin, capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
-    )
 
 
 def write(tmp_path: Path, name: str, obj) -> Path:

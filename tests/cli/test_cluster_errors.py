@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
 
 
-def colocgrpo(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
-    return subprocess.run(
-        [sys.executable, "-m", "colocgrpo_operator.cli", *args],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
-    )
 
 
 def closed_port() -> int:

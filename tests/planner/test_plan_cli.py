@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
 
 
-def colocgrpo(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "colocgrpo_operator.cli", *args],
-        capture_output=True, text=True, input=stdin, timeout=60,
-    )
 
 
 def write_job(tmp_path: Path, spec: dict, name: str = "job") -> Path:
