@@ -16,6 +16,14 @@ would be exceeded; the rest are reported as skipped. Each contender is killed af
 `--contender-timeout` seconds.
 
 Contenders: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload].
+
+Two sizes (`--size`): `small` is SmolLM2-135M-Instruct; `large` is a random-init decoder of
+the same family (Llama architecture, SmolLM2's tokenizer) sized so that ZeRO-3 training
+state and vLLM compete for the GPU — about 7B parameters on a 141 GiB H200, 3B on an
+80 GiB card (`LARGE_SHAPES`, chosen by device memory) — created on the machine by the
+bench itself (`--model-dir`; no checkpoint of that size ships anywhere). At the large size
+each contender takes the first `vllm_gpu_memory_utilization` of `--util-ladder` that does
+not run out of memory (highest first); the report says which.
 """
 
 from __future__ import annotations
@@ -28,27 +36,86 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
-# Fixed before the first run (issue 8: no tuning to the numbers).
-CONFIG = {
-    "prompts_per_step": 16,
-    "num_generations": 8,
-    "max_completion_length": 64,
-    "gradient_accumulation_steps": 1,
-    "steps_per_generation": 2,  # two optimizer steps per generation: the no-push-due cycle exists
-    "learning_rate": 1e-6,
-    "warmup_steps": 3,
-    "measured_steps": 6,
-    "gpu_memory_utilization": 0.3,
-    "max_model_len": 512,
-    "seed": 42,
+# Fixed before the first run (issue 8: no tuning to the numbers). `small` ran on 2026-12-02
+# (commit 09d1197); `large` was fixed on 2026-12-02 before its first run.
+SIZES = {
+    "small": {
+        "prompts_per_step": 16,
+        "num_generations": 8,
+        "max_completion_length": 64,
+        "per_device_train_batch_size": 128,  # the whole step in one micro-batch
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 2,  # two optimizer steps per generation: the no-push-due cycle exists
+        "learning_rate": 1e-6,
+        "warmup_steps": 3,
+        "measured_steps": 6,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": 512,
+        "seed": 42,
+    },
+    "large": {
+        "prompts_per_step": 8,
+        "num_generations": 8,
+        "max_completion_length": 64,
+        "per_device_train_batch_size": 16,  # 64 completions per optimizer step in 4 micro-batches
+        "gradient_accumulation_steps": 4,
+        "steps_per_generation": 8,  # micro-batches per generation: one generation per two optimizer steps
+        "learning_rate": 1e-6,
+        "warmup_steps": 2,
+        "measured_steps": 6,
+        "gpu_memory_utilization": None,  # per contender, from --util-ladder
+        "max_model_len": 512,
+        "seed": 42,
+    },
 }
+CONFIG = SIZES["small"]
+# Llama-shaped decoders with SmolLM2's vocabulary (49152, tied embeddings). The largest whose
+# ZeRO-3 training state (bf16 weights + bf16 grads + fp32 master + two fp32 Adam moments:
+# 16 bytes per parameter) fits in 85 % of the card is built, so that vLLM's share is what
+# remains: training state and vLLM compete for memory.
+LARGE_SHAPES = {
+    "7b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8},
+    "3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8},
+}  # fmt: skip
+TRAINING_STATE_BYTES_PER_PARAM = 16
+UTIL_RESERVE_BYTES = 8 * 2**30  # activations, ZeRO-3 buckets, CUDA context, vLLM's graph pool
+UTIL_STEP = 0.03
+DEFAULT_LARGE_MODEL_DIR = "/tmp/models/random-large"
+
+
+def shape_params(shape: dict, vocab: int = 49152) -> int:
+    """Parameter count of a Llama-shaped decoder with tied embeddings."""
+    h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h  # q, o; k, v; gate, up, down; two norms
+    return vocab * h + n * per_layer + h
+
+
+def util_ladder(device_bytes: int, params: int, tries: int = 3) -> list[float]:
+    """vLLM utilizations to try at the large size, highest first: the memory plan's
+    estimate (what training state and a fixed reserve leave), then `UTIL_STEP` lower."""
+    planned = (device_bytes - params * TRAINING_STATE_BYTES_PER_PARAM - UTIL_RESERVE_BYTES) / device_bytes
+    top = int(planned * 100) / 100
+    return [round(top - k * UTIL_STEP, 2) for k in range(tries) if top - k * UTIL_STEP >= 0.05]
+
+
+def pick_large_shape(device_bytes: int) -> str:
+    for name, shape in LARGE_SHAPES.items():  # largest first
+        if shape_params(shape) * TRAINING_STATE_BYTES_PER_PARAM <= 0.85 * device_bytes:
+            return name
+    raise SystemExit(f"no large shape fits {device_bytes / 2**30:.0f} GiB")
+
+
 # Most important first: a run cut by the time budget keeps the headline comparison.
 DEFAULT_CONTENDERS = "trl-sleep,ours-auto,trl-nosleep,ours-auto-offload,ours-off,ours-level2"
+# At the large size sleeping is what lets both fit: the target is the sleep-on pair.
+DEFAULT_LARGE_CONTENDERS = "trl-sleep,ours-auto,ours-level1,trl-nosleep"
 CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level2", "ours-auto")
 
 
@@ -61,51 +128,81 @@ def check_contender(name: str) -> str:
     return name
 
 
-def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False):
+def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False, config: dict = CONFIG, util: float | None = None):
     """The GRPOConfig of one contender (identical for all but the sleep switch)."""
     from trl import GRPOConfig
 
-    batch = CONFIG["prompts_per_step"] * CONFIG["num_generations"]
+    util = util if util is not None else config["gpu_memory_utilization"]
     return GRPOConfig(
         output_dir=str(out / "trainer"),
-        per_device_train_batch_size=batch,
-        num_generations=CONFIG["num_generations"],
-        max_completion_length=CONFIG["max_completion_length"],
-        gradient_accumulation_steps=CONFIG["gradient_accumulation_steps"],
-        steps_per_generation=CONFIG["steps_per_generation"],
-        learning_rate=CONFIG["learning_rate"],
+        per_device_train_batch_size=config["per_device_train_batch_size"],
+        num_generations=config["num_generations"],
+        max_completion_length=config["max_completion_length"],
+        gradient_accumulation_steps=config["gradient_accumulation_steps"],
+        steps_per_generation=config["steps_per_generation"],
+        learning_rate=config["learning_rate"],
         max_steps=steps,
         beta=0.0,
         bf16=not cpu,
-        seed=CONFIG["seed"],
+        seed=config["seed"],
         report_to="none",
         save_strategy="no",
         logging_steps=1,
         disable_tqdm=True,
         use_vllm=True,
         vllm_mode="colocate",
-        vllm_gpu_memory_utilization=CONFIG["gpu_memory_utilization"],
-        vllm_max_model_length=CONFIG["max_model_len"],
+        vllm_gpu_memory_utilization=util,
+        vllm_max_model_length=config["max_model_len"],
         vllm_enable_sleep_mode=contender == "trl-sleep",
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
     )
 
 
 # ---------------------------------------------------------------- worker (one contender)
-def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = False) -> None:
+class PeakSampler:
+    """Whole-device memory in use (vLLM allocates outside torch's allocator), sampled every
+    20 ms on a thread: the peak falls inside generate or the backward pass, not at a step edge."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        import threading
+
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+
+    def _run(self, interval_s: float) -> None:
+        import torch
+
+        while not self._stop.wait(interval_s):
+            free, total = torch.cuda.mem_get_info()
+            self.peak = max(self.peak, total - free)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = False, size: str = "small",
+           model: str = MODEL, util: float | None = None) -> None:  # fmt: skip
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}? Explain."}]} for a in range(1, 30) for b in range(1, 30)]
-    args = grpo_args(contender, out, warmup + measured, cpu)
+    config = SIZES[size]
+    util = util if util is not None else config["gpu_memory_utilization"]
+    args = grpo_args(contender, out, warmup + measured, cpu, config=config, util=util)
     cuda = torch.cuda.is_available() and not cpu
 
     def reward(completions, **kwargs):
         return [float(len(c[-1]["content"]) % 7) for c in completions]
 
-    kwargs = dict(model=MODEL, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows))
+    kwargs = dict(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows))
     if contender.startswith("trl-"):
         trainer = GRPOTrainer(**kwargs)
     else:
@@ -115,8 +212,8 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
         policy = contender.removeprefix("ours-").removesuffix("-offload")
         settings = VLLMSettings(
             sleep_policy=policy,
-            gpu_memory_utilization=CONFIG["gpu_memory_utilization"],
-            max_model_len=CONFIG["max_model_len"],
+            gpu_memory_utilization=util,
+            max_model_len=config["max_model_len"],
             offload_trainer_state=contender.endswith("-offload"),
         )
         trainer = ColocGRPOTrainer(**kwargs, generation_settings=settings)
@@ -144,7 +241,8 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
                 log_entries.append({key: v for key, v in logs.items() if isinstance(v, (int, float))})
 
     trainer.add_callback(Timer())
-    trainer.train()
+    with PeakSampler() if cuda else nullcontext() as sampler:
+        trainer.train()
     measured_times = times[warmup:] or times
     last = log_entries[-1] if log_entries else {}
     breakdown = {}
@@ -157,6 +255,9 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
         "measured_steps": len(times) - warmup,
         "step_times": times,
         "peak_device_bytes_at_step_end": max(peaks) if peaks else 0,
+        "peak_device_bytes_sampled": sampler.peak if sampler is not None else 0,
+        "size": size,
+        "gpu_memory_utilization": util,
         "breakdown_total_seconds": breakdown,
         "profiling": {k: v for k, v in last.items() if k.startswith("profiling/")},
         "logp_diff": last.get("sampling/sampling_logp_difference/mean"),
@@ -191,15 +292,18 @@ def measure_machine() -> dict:
         a @ b
     torch.cuda.synchronize()
     flops = 2 * 8192**3 * 20 / (time.perf_counter() - t0)
-    return {"hbm_bytes_per_s": bandwidth, "bf16_flop_per_s": flops, "device": torch.cuda.get_device_name()}
+    return {"hbm_bytes_per_s": bandwidth, "bf16_flop_per_s": flops, "device": torch.cuda.get_device_name(),
+            "total_bytes": torch.cuda.get_device_properties(0).total_memory}  # fmt: skip
 
 
-def floor_seconds(machine: dict, params: int) -> dict:
-    batch = CONFIG["prompts_per_step"] * CONFIG["num_generations"]
+def floor_seconds(machine: dict, params: int, config: dict = CONFIG) -> dict:
+    """Per optimizer step: decode bytes ÷ HBM bandwidth + 6 · params · tokens ÷ bf16 FLOP/s."""
+    completions = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
     prompt_tokens = 40  # chat-formatted "What is a + b? Explain." for SmolLM2's template
-    tokens = batch * (prompt_tokens + CONFIG["max_completion_length"])
-    # One generation serves steps_per_generation optimizer steps.
-    decode_bytes = params * 2 * CONFIG["max_completion_length"] / CONFIG["steps_per_generation"]
+    tokens = completions * (prompt_tokens + config["max_completion_length"])
+    # One generation serves steps_per_generation micro-batches, i.e. several optimizer steps.
+    generations_per_step = config["gradient_accumulation_steps"] / config["steps_per_generation"]
+    decode_bytes = params * 2 * config["max_completion_length"] * generations_per_step
     decode = decode_bytes / machine["hbm_bytes_per_s"]
     train = 6 * params * tokens / machine["bf16_flop_per_s"]
     return {"decode_s": decode, "train_s": train, "floor_s_per_step": decode + train}
@@ -239,31 +343,78 @@ def run_child(cmd: list[str], env: dict, work: Path, timeout_s: float) -> tuple[
             return proc.returncode, True
 
 
-def write_report(out: Path, machine: dict, results: list[dict], warmup: int, measured: int) -> list[str]:
+def write_report(out: Path, machine: dict, results: list[dict], warmup: int, measured: int, size: str = "small",
+                 model: dict | None = None) -> list[str]:  # fmt: skip
+    config = SIZES[size]
     params = next((r["params"] for r in results if "params" in r), 0)
-    floor = floor_seconds(machine, params) if machine.get("hbm_bytes_per_s") and params else {}
-    config = {**CONFIG, "warmup_steps": warmup, "measured_steps": measured}
-    summary = {"config": config, "machine": machine, "floor": floor, "results": results}
+    floor = floor_seconds(machine, params, config) if machine.get("hbm_bytes_per_s") and params else {}
+    summary = {"size": size, "model": model or {"path": MODEL},
+               "config": {**config, "warmup_steps": warmup, "measured_steps": measured},
+               "machine": machine, "floor": floor, "results": results}  # fmt: skip
     (out / "bench.json").write_text(json.dumps(summary, indent=2))
     lines = [
-        "| contender | median s/step | peak device GiB | push s | sleep s | wake s | generate s | offload s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        "| contender | util | median s/step | mean s/step | peak device GiB (sampled) | push s | sleep s | wake s | generate s | offload s | logp diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
     for r in results:
         if "median_s_per_step" not in r:
-            lines.append(f"| {r['contender']} | {r.get('status', 'failed')} | | | | | | |")
+            lines.append(f"| {r['contender']} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
             continue
         b = r["breakdown_total_seconds"]
+        measured_times = r["step_times"][r["warmup_steps"]:] or r["step_times"]
+        logp = r.get("logp_diff")
         lines.append(
-            f"| {r['contender']} | {r['median_s_per_step']:.3f} | {r['peak_device_bytes_at_step_end'] / 2**30:.1f} | "
+            f"| {r['contender']} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
+            f"{statistics.mean(measured_times):.3f} | {r.get('peak_device_bytes_sampled', 0) / 2**30:.1f} | "
             + " | ".join(f"{b.get('generation/' + k, float('nan')):.3f}" for k in ("push_seconds", "sleep_seconds", "wake_seconds", "generate_seconds", "offload_seconds"))
-            + " |"
+            + f" | {logp if logp is None else f'{logp:.4f}'} |"
         )  # fmt: skip
+    for r in results:
+        for attempt in r.get("failed_attempts", []):
+            lines.append(f"\n{r['contender']}: util {attempt['util']} {attempt['status']}")
     if floor:
-        lines.append(f"\nfloor: {floor['floor_s_per_step']:.4f} s/step on {machine['device']} "
+        lines.append(f"\nfloor: {floor['floor_s_per_step']:.4f} s/step for {params / 1e9:.2f}B parameters on {machine['device']} "
                      f"({machine['hbm_bytes_per_s'] / 1e12:.2f} TB/s, {machine['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s bf16)")  # fmt: skip
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     return lines
+
+
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "no available memory for the cache blocks", "free memory on device")
+
+
+def ran_out_of_memory(work: Path) -> bool:
+    text = ""
+    for name in ("stderr.log", "stdout.log"):
+        if (work / name).exists():
+            text += (work / name).read_text(errors="replace")[-200_000:].lower()
+    return any(marker in text for marker in OOM_MARKERS)
+
+
+def make_large_model(model_dir: Path, tokenizer_from: str) -> dict:
+    """Random-init decoder of SmolLM2's family, sized by `pick_large_shape`; kept across
+    calls on the same machine (a marker file names its shape)."""
+    import torch
+    import transformers
+
+    marker = model_dir / "colocgrpo-shape.json"
+    shape_name = pick_large_shape(torch.cuda.get_device_properties(0).total_memory)
+    if marker.exists() and json.loads(marker.read_text()).get("shape") == shape_name:
+        return json.loads(marker.read_text())
+    start = time.perf_counter()
+    shape = LARGE_SHAPES[shape_name]
+    config = transformers.AutoConfig.from_pretrained(tokenizer_from)
+    for key, value in shape.items():
+        setattr(config, key, value)
+    config.head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(model_dir, max_shard_size="5GB")
+    transformers.AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(model_dir)
+    info = {"shape": shape_name, **shape, "params": sum(p.numel() for p in model.parameters()),
+            "path": str(model_dir), "seconds_to_create": time.perf_counter() - start}  # fmt: skip
+    marker.write_text(json.dumps(info, indent=2))
+    return info
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,17 +422,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--contenders",
-        default=DEFAULT_CONTENDERS,
+        default=None,
         type=lambda v: [check_contender(c) for c in v.split(",") if c],
+        help=f"default: {DEFAULT_CONTENDERS} (small), {DEFAULT_LARGE_CONTENDERS} (large)",
     )
-    parser.add_argument("--warmup-steps", type=int, default=CONFIG["warmup_steps"])
-    parser.add_argument("--measured-steps", type=int, default=CONFIG["measured_steps"])
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--model-dir", type=Path, default=Path(DEFAULT_LARGE_MODEL_DIR), help="where the large model is made")
+    parser.add_argument("--util-ladder", default=None, help="large size: utilizations to try, highest first (default: from the memory plan)")
+    parser.add_argument("--warmup-steps", type=int, default=None)
+    parser.add_argument("--measured-steps", type=int, default=None)
     parser.add_argument("--budget-seconds", type=float, default=480.0, help="start no contender past this")
     parser.add_argument("--contender-timeout", type=float, default=200.0)
     parser.add_argument("--cpu", action="store_true", help="CPU dry run of the plumbing (a vLLM stand-in)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--model", default=MODEL, help=argparse.SUPPRESS)
+    parser.add_argument("--util", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure-machine", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--make-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    config = SIZES[args.size]
+    args.warmup_steps = config["warmup_steps"] if args.warmup_steps is None else args.warmup_steps
+    args.measured_steps = config["measured_steps"] if args.measured_steps is None else args.measured_steps
+    if args.contenders is None:
+        args.contenders = (DEFAULT_CONTENDERS if args.size == "small" else DEFAULT_LARGE_CONTENDERS).split(",")
     if args.warmup_steps < 0 or args.measured_steps < 1:
         parser.error("--warmup-steps must be >= 0 and --measured-steps >= 1")
     return args
@@ -291,10 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
     if args.worker:
-        worker(args.worker, out, args.warmup_steps, args.measured_steps, cpu=args.cpu)
+        worker(args.worker, out, args.warmup_steps, args.measured_steps, cpu=args.cpu, size=args.size,
+               model=args.model, util=args.util)  # fmt: skip
         return 0
     if args.measure_machine:
         (out / "machine.json").write_text(json.dumps(measure_machine()))
+        return 0
+    if args.make_model:
+        (out / "model.json").write_text(json.dumps(make_large_model(args.model_dir, MODEL)))
         return 0
     signal.signal(signal.SIGTERM, stop_children)
     signal.signal(signal.SIGINT, stop_children)
@@ -317,6 +484,25 @@ def main(argv: list[str] | None = None) -> int:
             machine = json.loads((out / "machine.json").read_text())
         else:
             machine = {"error": f"machine measurement failed (rc {code}, timed out {timed_out})"}
+    model_info: dict = {"path": MODEL}
+    ladder: list[float | None] = [None]  # the size's fixed utilization
+    if args.size == "large":
+        code, timed_out = run_child([sys.executable, __file__, "--out", str(out), "--make-model",
+                                     "--model-dir", str(args.model_dir)], env, out, 400)  # fmt: skip
+        if code != 0 or not (out / "model.json").exists():
+            print(f"[bench] making the large model failed (rc {code}, timed out {timed_out}):\n"
+                  + (out / "stderr.log").read_text(errors="replace")[-3000:], file=sys.stderr)  # fmt: skip
+            return 2
+        model_info = json.loads((out / "model.json").read_text())
+        print(f"[bench] large model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters at {model_info['path']}", flush=True)
+        if args.util_ladder:
+            ladder = [float(u) for u in args.util_ladder.split(",") if u]
+        elif "total_bytes" in machine:
+            ladder = util_ladder(machine["total_bytes"], model_info["params"])
+        else:
+            print(f"[bench] no device memory size to plan utilizations from ({machine}); pass --util-ladder", file=sys.stderr)
+            return 2
+        model_info["util_ladder"] = ladder
     ds = out / "deepspeed.json"
     ds.write_text(json.dumps({
         "zero_optimization": {"stage": 3},
@@ -327,38 +513,56 @@ def main(argv: list[str] | None = None) -> int:
     }))  # fmt: skip
     results: list[dict] = []
     last_wall = 100.0  # a first guess of one contender's wall time, then the last one's
+
+    def report() -> list[str]:
+        return write_report(out, machine, results, args.warmup_steps, args.measured_steps, args.size, model_info)
+
     for contender in args.contenders:
-        elapsed = time.perf_counter() - began
-        if elapsed + last_wall > args.budget_seconds:
-            results.append({"contender": contender, "status": "skipped (time budget)"})
-            print(f"[bench] {contender}: skipped, {elapsed:.0f} s used of {args.budget_seconds:.0f}", flush=True)
-            continue
-        work = out / contender
-        work.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--use_deepspeed", "--deepspeed_config_file", str(ds), "--zero3_init_flag", "true",
-            "--num_processes", "1", "--mixed_precision", "no" if args.cpu else "bf16",
-            str(Path(__file__).resolve()), "--worker", contender, "--out", str(work),
-            "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps),
-        ] + (["--cpu"] if args.cpu else [])  # fmt: skip
-        start = time.perf_counter()
-        timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))
-        code, timed_out = run_child(cmd, env, work, timeout)
-        wall = time.perf_counter() - start
-        last_wall = wall
-        if code != 0 or not (work / "result.json").exists():
+        failed_attempts: list[dict] = []
+        result: dict = {"contender": contender, "status": "skipped (every utilization tried ran out of memory)"}
+        # Highest utilization first; one that ran out of memory for an earlier contender is
+        # not tried again (it costs a whole engine build to fail).
+        for util in list(ladder):
+            elapsed = time.perf_counter() - began
+            if elapsed + last_wall > args.budget_seconds:
+                result = {"contender": contender, "status": "skipped (time budget)"}
+                print(f"[bench] {contender}: skipped, {elapsed:.0f} s used of {args.budget_seconds:.0f}", flush=True)
+                break
+            work = out / (contender if util is None else f"{contender}-util{util}")
+            work.mkdir(parents=True, exist_ok=True)
+            cmd = [
+                sys.executable, "-m", "accelerate.commands.launch",
+                "--use_deepspeed", "--deepspeed_config_file", str(ds), "--zero3_init_flag", "true",
+                "--num_processes", "1", "--mixed_precision", "no" if args.cpu else "bf16",
+                str(Path(__file__).resolve()), "--worker", contender, "--out", str(work), "--size", args.size,
+                "--model", model_info["path"],
+                "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps),
+            ] + (["--cpu"] if args.cpu else []) + ([] if util is None else ["--util", str(util)])  # fmt: skip
+            start = time.perf_counter()
+            timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))
+            code, timed_out = run_child(cmd, env, work, timeout)
+            wall = time.perf_counter() - start
+            last_wall = wall
+            if code == 0 and (work / "result.json").exists():
+                result = json.loads((work / "result.json").read_text())
+                result["wall_s"] = wall
+                print(f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step at util {util} ({wall:.0f} s wall)", flush=True)
+                break
             tail = (work / "stderr.log").read_text(errors="replace")[-3000:]
             status = f"timed out after {timeout:.0f} s" if timed_out else f"failed (rc {code})"
-            results.append({"contender": contender, "status": status, "error": tail, "wall_s": wall})
-            print(f"[bench] {contender}: {status.upper()}\n{tail[-1500:]}", flush=True)
-        else:
-            result = json.loads((work / "result.json").read_text())
-            result["wall_s"] = wall
-            results.append(result)
-            print(f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step ({wall:.0f} s wall)", flush=True)
-        write_report(out, machine, results, args.warmup_steps, args.measured_steps)
-    lines = write_report(out, machine, results, args.warmup_steps, args.measured_steps)
+            oom = not timed_out and ran_out_of_memory(work)
+            print(f"[bench] {contender} at util {util}: {status.upper()}{' (out of memory)' if oom else ''}\n{tail[-1500:]}", flush=True)
+            result = {"contender": contender, "status": status, "error": tail, "wall_s": wall, "gpu_memory_utilization": util}
+            if not oom or util is None:
+                break
+            status += " (out of memory)"
+            failed_attempts.append({"util": util, "status": status, "wall_s": wall})
+            ladder.remove(util)
+        if failed_attempts:
+            result["failed_attempts"] = failed_attempts
+        results.append(result)
+        report()
+    lines = report()
     print("\n".join(lines))
     return 0 if results and all("median_s_per_step" in r or r.get("status", "").startswith("skipped") for r in results) else 1
 

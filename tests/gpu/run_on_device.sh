@@ -5,6 +5,8 @@
 #   SMOKE=1 bash tests/gpu/run_on_device.sh                  # every part, minimal (~5 min)
 #   PARTS=integrity,learning bash tests/gpu/run_on_device.sh # full parts (≤ 9 min together)
 #   PARTS=bench bash tests/gpu/run_on_device.sh              # full benchmark (≤ 9 min)
+#   PARTS=push,bench ...                                     # + the push-source check (~1 min)
+#   PARTS=bench-large bash tests/gpu/run_on_device.sh        # the ~7B comparison (≤ 9 min)
 #
 # Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
@@ -91,6 +93,13 @@ if [[ ",$PARTS," == *",integrity,"* ]]; then
     --junitxml="$WORK/integrity/junit.xml"
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/integrity.log" | tail -8 >>"$SUMMARY"
 fi
+if [[ ",$PARTS," == *",push,"* ]]; then
+  # The weight push's no-gather source equals DeepSpeed's gathered weights after real steps.
+  export COLOCGRPO_RESULTS_DIR="$WORK/push" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}"
+  mkdir -p "$COLOCGRPO_RESULTS_DIR"
+  run_part push 150 "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -s -rA tests/gpu/test_push_path.py
+  grep -E "push source|PASSED|FAILED|ERROR|passed|failed" "$OUT/push.log" | tail -4 >>"$SUMMARY"
+fi
 if [[ ",$PARTS," == *",learning,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
     run_part learning 200 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" --smoke --steps 6 \
@@ -108,10 +117,22 @@ if [[ ",$PARTS," == *",bench,"* ]]; then
     run_part bench 230 "$PY" bench/grpo_step.py --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
       --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150 ${BENCH_ARGS:-}
   else
-    run_part bench 540 "$PY" bench/grpo_step.py --out "$WORK/bench" \
-      ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds 440 --contender-timeout 170 ${BENCH_ARGS:-}
+    # The budget is what the deadline leaves (other parts may have run first), less one contender.
+    left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
+    run_part bench $(( left + 20 )) "$PY" bench/grpo_step.py --out "$WORK/bench" \
+      ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds $(( left < 480 ? left - 40 : 440 )) \
+      --contender-timeout 170 ${BENCH_ARGS:-}
   fi
   [[ -f "$WORK/bench/bench.md" ]] && cat "$WORK/bench/bench.md" >>"$SUMMARY"
+fi
+
+if [[ ",$PARTS," == *",bench-large,"* ]]; then
+  # Issue 8's large size: a random-init decoder made here (~7B on an H200), the sleep-on pair first.
+  left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
+  run_part bench-large $(( left + 20 )) "$PY" bench/grpo_step.py --size large --out "$WORK/bench-large" \
+    ${BENCH_LARGE_CONTENDERS:+--contenders "$BENCH_LARGE_CONTENDERS"} --budget-seconds $(( left - 200 )) \
+    --contender-timeout "${BENCH_LARGE_TIMEOUT:-260}" ${BENCH_LARGE_ARGS:-}
+  [[ -f "$WORK/bench-large/bench.md" ]] && cat "$WORK/bench-large/bench.md" >>"$SUMMARY"
 fi
 
 # -- what comes back: one tarball of the small files, the summary, the part logs -------------

@@ -132,3 +132,32 @@ def test_push_after_an_optimizer_step_carries_the_new_weights():
     engine.push_weights()
     assert not torch.equal(before, target.lm_head.weight)
     assert torch.equal(source.lm_head.weight, target.lm_head.weight)
+
+
+def _zero3_like(full: torch.Tensor, world: int, device: str = "cpu") -> torch.nn.Parameter:
+    """A parameter with the attributes DeepSpeed's ZeRO-3 partitioning leaves on it."""
+    param = torch.nn.Parameter(torch.empty(0))
+    param.ds_numel, param.ds_shape = full.numel(), full.shape
+    param.ds_zero_partition_world_size = world
+    per_rank = -(-full.numel() // world)
+    param.ds_tensor = torch.zeros(per_rank, device=device)
+    param.ds_tensor[: min(per_rank, full.numel())] = full.flatten()[:per_rank]
+    param.ds_tensor.final_location = None
+    return param
+
+
+def test_push_source_without_gather_only_where_the_rank_holds_the_whole_tensor():
+    from colocgrpo_training.generation.vllm_engine import whole_tensor_without_gather
+
+    plain = torch.nn.Parameter(torch.randn(3, 4))
+    assert whole_tensor_without_gather(plain).data_ptr() == plain.data_ptr()  # no ZeRO-3: already whole, no copy
+    full = torch.randn(3, 4)
+    # Split over two ranks, or the partition on the CPU (param offload): must be gathered.
+    assert whole_tensor_without_gather(_zero3_like(full, world=2)) is None
+    assert whole_tensor_without_gather(_zero3_like(full, world=1)) is None  # CPU partition
+    between = torch.nn.Parameter(torch.empty(0))
+    between.ds_numel, between.ds_tensor = 12, None  # ZeRO-3 param not partitioned yet
+    assert whole_tensor_without_gather(between) is None
+    if torch.cuda.is_available():  # the view itself: tests/gpu/test_push_path.py proves it under DeepSpeed
+        one_way = _zero3_like(full.cuda(), world=1, device="cuda")
+        assert torch.equal(whole_tensor_without_gather(one_way).cpu(), full)

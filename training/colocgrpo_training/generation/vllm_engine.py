@@ -59,6 +59,9 @@ class ColocatedVLLM(VLLMGeneration):
     - `next_generate`: the owner's prediction for the cycle after the coming generate.
     """
 
+    # (vLLM names with parameters, their full sizes, buckets): planned at the first push.
+    _push_plan: tuple[list, list, list[list[int]]] | None = None
+
     def __init__(
         self,
         model: Any,
@@ -178,14 +181,23 @@ class ColocatedVLLM(VLLMGeneration):
         return nbytes
 
     def _push_bucketed(self) -> int:
-        named = [(self._fix_param_name_to_vllm(n), p) for n, p in self.model.named_parameters()]
-        sizes = [(n, full_nbytes(p)) for n, p in named]
+        if self._push_plan is None:
+            # Names, sizes and buckets never change over a run: plan them once.
+            named = [(self._fix_param_name_to_vllm(n), p) for n, p in self.model.named_parameters()]
+            sizes = [(n, full_nbytes(p)) for n, p in named]
+            self._push_plan = (named, sizes, plan_buckets(sizes, self.bucket_bytes))
+        named, sizes, buckets = self._push_plan
         vllm_model = self._vllm_model()
         total = 0
-        for bucket in plan_buckets(sizes, self.bucket_bytes):
-            params = [named[i][1] for i in bucket]
-            with self._dist.gather_params(params):
-                vllm_model.load_weights([(named[i][0], named[i][1].data) for i in bucket])
+        for bucket in buckets:
+            # Where this rank already holds a parameter whole (one-way ZeRO-3 partitions, or
+            # no ZeRO-3 at all), hand vLLM that storage: an all-gather would only copy it.
+            local = {i: whole_tensor_without_gather(named[i][1]) for i in bucket}
+            to_gather = [named[i][1] for i in bucket if local[i] is None]
+            with self._dist.gather_params(to_gather) if to_gather else nullcontext():
+                vllm_model.load_weights(
+                    [(named[i][0], named[i][1].data if local[i] is None else local[i]) for i in bucket]
+                )
             total += sum(sizes[i][1] for i in bucket)
         return total
 
@@ -357,6 +369,28 @@ class ColocatedVLLM(VLLMGeneration):
         t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t.item())
+
+
+def whole_tensor_without_gather(param: torch.Tensor) -> torch.Tensor | None:
+    """The parameter's full tensor if this rank already holds it on the GPU, else None.
+
+    A ZeRO-3 parameter whose partition group has one member (one-GPU jobs, or every rank
+    holding a replica) keeps the whole flat tensor in `ds_tensor` — the storage the
+    optimizer writes — so a view of it is the current weight: `GatheredParameters` would
+    allocate and copy the same bytes. Partitions offloaded to CPU/NVMe, or split over
+    several ranks, return None and go through the gather.
+    """
+    part = getattr(param, "ds_tensor", None)
+    if part is None:
+        # Not partitioned (no ZeRO-3): the parameter is whole. A ZeRO-3 parameter between
+        # partitioning steps also has ds_numel and an empty ds_tensor: never take its .data.
+        return None if hasattr(param, "ds_numel") else param.data
+    world = getattr(param, "ds_zero_partition_world_size", None)
+    if world != 1 or part.device.type != "cuda" or part.numel() < param.ds_numel:
+        return None
+    if getattr(part, "final_location", None) is not None:  # NVMe-backed: the buffer may be released
+        return None
+    return part.data.narrow(0, 0, param.ds_numel).view(param.ds_shape)
 
 
 def offload_scope(engine: Any) -> Any:

@@ -1,0 +1,62 @@
+"""bench/grpo_step.py's size plan (issue 8): the large decoder's parameter count, which
+shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.trainer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+_spec = importlib.util.spec_from_file_location("grpo_step", Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py")
+grpo_step = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(grpo_step)
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("name", sorted(grpo_step.LARGE_SHAPES))
+def test_shape_params_counts_what_transformers_builds(name):
+    shape = grpo_step.LARGE_SHAPES[name]
+    config = transformers.LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **shape)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    assert grpo_step.shape_params(shape) == sum(p.numel() for p in model.parameters())
+
+
+def test_large_shape_makes_training_state_and_vllm_compete():
+    # An H200 (≈ 140 GiB) gets the 7B decoder, an 80 GiB H100 the 3B one; in both the
+    # ZeRO-3 training state takes over half the card.
+    for device_gib, expected in ((140.4, "7b"), (79.6, "3b")):
+        name = grpo_step.pick_large_shape(int(device_gib * GIB))
+        assert name == expected
+        state = grpo_step.shape_params(grpo_step.LARGE_SHAPES[name]) * grpo_step.TRAINING_STATE_BYTES_PER_PARAM
+        assert 0.5 * device_gib * GIB < state <= 0.85 * device_gib * GIB
+    with pytest.raises(SystemExit, match="no large shape fits"):
+        grpo_step.pick_large_shape(24 * GIB)
+
+
+def test_util_ladder_leaves_room_for_the_training_state():
+    total = int(140.4 * GIB)
+    params = grpo_step.shape_params(grpo_step.LARGE_SHAPES["7b"])
+    ladder = grpo_step.util_ladder(total, params)
+    assert ladder == sorted(ladder, reverse=True) and len(ladder) == 3
+    state = params * grpo_step.TRAINING_STATE_BYTES_PER_PARAM
+    assert state + ladder[0] * total + grpo_step.UTIL_RESERVE_BYTES <= total
+    assert grpo_step.util_ladder(total, int(total / 16)) == []  # nothing left for vLLM: nothing to try
+
+
+def test_floor_counts_one_generation_per_two_optimizer_steps_in_both_sizes():
+    machine = {"hbm_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14}
+    for size in ("small", "large"):
+        config = grpo_step.SIZES[size]
+        floor = grpo_step.floor_seconds(machine, 10**9, config)
+        completions = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
+        assert completions == config["prompts_per_step"] * config["num_generations"]
+        assert floor["decode_s"] == pytest.approx(10**9 * 2 * 64 / 2 / 4e12)
+        assert floor["train_s"] == pytest.approx(6 * 10**9 * completions * (40 + 64) / 8e14)
