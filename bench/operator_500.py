@@ -4,11 +4,12 @@ Measures, against the local control plane (or any cluster via --kubeconfig):
 - time from each job's create call returning to its batch Job appearing in a watch stream
   (p50, p90, p99, max) and the total from the first create to the last Job;
 - time until every job's status shows a phase past Pending;
-- the operator's RSS (current and peak, from /proc) at the end;
+- the operator's RSS (from /proc: idle before the burst, at the end, peak, after a quiet
+  period) and how many of the pods are Running at those points;
 - API requests per job: the operator's own handler requests (its request counter), and the
   apiserver's `apiserver_request_total` delta (all clients, and for colocgrpojobs only).
 
-Usage: python bench/operator_500.py [--count 500] [--kubeconfig FILE] [--suspended] [--keep]
+Usage: python bench/operator_500.py [--count 500] [--kubeconfig FILE] [--suspended] [--keep] [--operator-src DIR]
 Results go to stdout as JSON; docs/benchmarks/operator.md records a run.
 """
 
@@ -50,9 +51,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def apiserver_requests(api: Any) -> tuple[float, float]:
     """(all requests, requests on colocgrpojobs) from the apiserver's own metrics."""
-    _, url, headers, _, _ = api.api_client.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
-    response = api.api_client.call_api("GET", url, header_params=headers)
-    text = response.read().decode()
+    response = api.pool.request("GET", f"{api.server}/metrics", headers=api.credentials.auth_headers())
+    text = response.data.decode()
     total = cgj = 0.0
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{"):
@@ -61,6 +61,15 @@ def apiserver_requests(api: Any) -> tuple[float, float]:
             if 'resource="colocgrpojobs"' in line:
                 cgj += value
     return total, cgj
+
+
+def pod_phases(api: Any, namespace: str) -> dict[str, int]:
+    """How many of the benchmark's pods are in each phase now."""
+    phases: dict[str, int] = {}
+    for pod in (api.request("GET", f"/api/v1/namespaces/{namespace}/pods") or {}).get("items", []):
+        phase = (pod.get("status") or {}).get("phase") or "Unknown"
+        phases[phase] = phases.get(phase, 0) + 1
+    return phases
 
 
 def job_body(name: str, suspended: bool) -> dict[str, Any]:
@@ -90,12 +99,9 @@ class JobWatcher(threading.Thread):
         self.stop = False
 
     def run(self) -> None:
-        client = self.api.api_client
-        path = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
-        _, url, headers, _, _ = client.param_serialize(
-            "GET", path, query_params=[("watch", "true"), ("timeoutSeconds", "600")], auth_settings=["BearerToken"])
-        response = client.rest_client.pool_manager.request("GET", url, headers=headers, preload_content=False,
-                                                           timeout=None)
+        url = f"{self.api.server}/apis/batch/v1/namespaces/{self.namespace}/jobs?watch=true&timeoutSeconds=600"
+        response = self.api.pool.request("GET", url, headers=self.api.credentials.auth_headers(),
+                                         preload_content=False, timeout=None)
         self.ready.set()
         buffer = b""
         for chunk in response.stream(65536):
@@ -156,12 +162,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8, help="client threads creating jobs")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the namespace afterwards")
+    parser.add_argument("--operator-src", default=str(REPO), metavar="DIR",
+                        help="run the operator from this checkout (e.g. a worktree of an older commit, for a "
+                             "before/after comparison with the same benchmark)")
     # Its own local cluster by default: 500-job bursts would stall the Job controller for anyone else
     # using the demo's cluster (`make demo`, tests reusing it).
     parser.add_argument("--cluster-name", default="colocgrpo-bench", help="local dev cluster to start/reuse")
     args = parser.parse_args()
-
-    from kubernetes import config
 
     from colocgrpo_operator.controller.kube import KubeApi
     from colocgrpo_operator.devcluster import DevCluster
@@ -170,8 +177,8 @@ def main() -> int:
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else cluster.up()
     if args.kubeconfig:
         cluster = None
-    api = KubeApi(config.new_client_from_config(config_file=str(kubeconfig)), field_manager="colocgrpo-bench")
-    api.api_client.configuration.connection_pool_maxsize = args.threads + 4
+    # A connection per creating thread, plus the Job watch and the metrics/status reads.
+    api = KubeApi.from_kubeconfig(kubeconfig, field_manager="colocgrpo-bench", pool_size=args.threads + 4)
     kubectl = [sys.executable.replace("/python", "/kubectl") if Path(sys.executable.replace("/python", "/kubectl")).exists()
                else "kubectl", f"--kubeconfig={kubeconfig}"]
     crd = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
@@ -184,14 +191,16 @@ def main() -> int:
 
     live_port, metrics_port = free_port(), free_port()
     log_path = Path(f"/tmp/{namespace}-operator.log")
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
+    source = Path(args.operator_src).resolve()
+    env = dict(os.environ, PYTHONPATH=f"{source / 'operator'}:{source / 'training'}")
     with open(log_path, "wb") as log:
         operator = subprocess.Popen(
             [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={kubeconfig}",
              f"--namespace={namespace}", f"--liveness-port={live_port}", f"--metrics-port={metrics_port}",
              "--log-level=WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    result: dict[str, Any] = {"count": args.count, "suspended": args.suspended, "namespace": namespace}
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=source)
+    result: dict[str, Any] = {"count": args.count, "suspended": args.suspended, "namespace": namespace,
+                              "operator_src": str(source)}
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -241,11 +250,13 @@ def main() -> int:
         api_after = apiserver_requests(api)
         op_after = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
         rss, peak = rss_kib(operator.pid)
+        pods_at_end = pod_phases(api, namespace)
         operator_cpu = cpu_seconds(operator.pid) - cpu_before
         plane_after = control_plane_cpu(kubeconfig.parent)
         watcher.stop = True
         time.sleep(15)  # a quiet period: what does the operator keep once the burst is over?
         settled_rss = rss_kib(operator.pid)[0]
+        pods_settled = pod_phases(api, namespace)
         result.update(
             jobs_seen=len(latencies),
             create_calls_seconds=round(creates_done - start, 2),
@@ -260,6 +271,10 @@ def main() -> int:
             operator_rss_mib=round(rss / 1024, 1),
             operator_rss_peak_mib=round(peak / 1024, 1),
             operator_rss_settled_mib=round(settled_rss / 1024, 1),
+            # Each pod reaching Running is one more status write and Event for its job: runs
+            # differ in how many got there before the measurement (docs/benchmarks/operator.md).
+            pods_by_phase_at_end=pods_at_end,
+            pods_by_phase_settled=pods_settled,
             operator_handler_requests_per_job=round((op_after - op_before) / args.count, 2),
             apiserver_requests_per_job_all_clients=round((api_after[0] - api_before[0]) / args.count, 2),
             apiserver_colocgrpojobs_requests_per_job=round((api_after[1] - api_before[1]) / args.count, 2),

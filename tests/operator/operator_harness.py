@@ -106,7 +106,7 @@ class Cluster:
         from colocgrpo_operator.controller.kube import KubeApi
 
         self.handle = handle
-        self.api = KubeApi(handle.api_client, field_manager="colocgrpo-tests")
+        self.api = KubeApi.from_kubeconfig(handle.kubeconfig, field_manager="colocgrpo-tests")
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(body)
@@ -115,11 +115,11 @@ class Cluster:
                                 body=body)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
+        from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
             return self.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}")
-        except ApiException as error:
+        except KubeApiError as error:
             if error.status == 404:
                 return None
             raise

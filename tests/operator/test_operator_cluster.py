@@ -335,7 +335,7 @@ def _set_path(body, path, value):
 def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op_namespace):
     """Fuzzed specs go through the real API server; whatever it stores, the operator must judge
     (SpecValid True or False) without dying, and still run a valid job afterwards."""
-    from kubernetes.client.exceptions import ApiException
+    from colocgrpo_operator.controller.kube import KubeApiError
 
     ns = op_namespace
     accepted: list[str] = []
@@ -366,7 +366,7 @@ def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op
             _set_path(body, path, value)
         try:
             cluster.create_job(ns, body)
-        except ApiException as error:
+        except KubeApiError as error:
             assert error.status in (400, 422), error  # refused at the door, with a reason
             return
         accepted.append(name)

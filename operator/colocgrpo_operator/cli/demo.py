@@ -104,7 +104,7 @@ class DemoRun:
         from colocgrpo_operator.controller.kube import KubeApi
 
         api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
-        self.api = KubeApi(api_client, field_manager="colocgrpo-demo")
+        self.api = KubeApi.from_kubeconfig(self.kubeconfig, field_manager="colocgrpo-demo")
         self.core = client.CoreV1Api(api_client)
         nodes = self.api.request("GET", "/api/v1/nodes")["items"]
         gpus = {n["metadata"]["name"]: n["status"]["capacity"].get("nvidia.com/gpu") for n in nodes}
@@ -148,11 +148,11 @@ class DemoRun:
                        cwd=self.repo, env=self._trainer_env())
 
     def apply_job(self, body: dict[str, Any]) -> None:
-        from kubernetes.client.exceptions import ApiException
+        from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
             self.api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
-        except ApiException as error:
+        except KubeApiError as error:
             if error.status != 409:
                 raise
         path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs"
@@ -161,7 +161,7 @@ class DemoRun:
             _say("removing the previous demo run's job")
             _wait(lambda: not self._get_job(), 60, "the previous job to be deleted")
             _wait(lambda: not self._children(), 60, "the previous job's children to be garbage-collected")
-        except ApiException as error:
+        except KubeApiError as error:
             if error.status != 404:
                 raise
         steps = (body.get("spec") or {}).get("trainerArgs", {}).get("max_steps")
@@ -174,11 +174,11 @@ class DemoRun:
         return (self.api.request("GET", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", query=query) or {})["items"]
 
     def _get_job(self) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
+        from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
             return self.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs/{JOB_NAME}")
-        except ApiException as error:
+        except KubeApiError as error:
             if error.status == 404:
                 return None
             raise

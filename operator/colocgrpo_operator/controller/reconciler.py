@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -24,11 +23,10 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from colocgrpo_operator.api import JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
-from colocgrpo_operator.controller.kube import KubeApi
+from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot
 
@@ -282,13 +280,13 @@ class Reconciler:
                     # Judge from the Job just created, not from "no Job yet": saves writing a
                     # Pending status that the Job's first watch event would overwrite at once.
                     assessment, desired = decide(batch_job_snapshot(created))
-        except ApiException as error:
+        except KubeApiError as error:
             if error.status not in (400, 422):
                 raise
             # The API server refused a child rendered from this spec (e.g. a malformed toleration
             # or env entry in a free-form field): the spec is the problem and retrying cannot
             # help, so say so the way an invalid spec is reported.
-            problems = [("spec", f"the API server refused a child object: {_api_message(error)}")]
+            problems = [("spec", f"the API server refused a child object: {error.message}")]
             desired = derive.invalid_spec_status(previous, problems, now, meta.get("generation"))
             await self._write_status(key, cr, previous, desired)
             return
@@ -366,13 +364,6 @@ class Reconciler:
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create_returning(job)
-
-
-def _api_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except (TypeError, ValueError):
-        return str(error.body or error.reason)
 
 
 def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:

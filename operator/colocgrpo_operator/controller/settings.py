@@ -23,7 +23,8 @@ import aiohttp
 import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL
-from colocgrpo_operator.controller.kube import KubeApi, load_api_client
+from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
+from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import start_metrics_server
 from colocgrpo_operator.controller.reconciler import Reconciler
 
@@ -76,8 +77,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # Timers only re-check, so let them stop instantly on deletion.
     settings.background.instant_exit_timeout = 0.1
 
-    api_client = load_api_client(pool_size=settings.execution.max_workers)
-    memo.kube = KubeApi(api_client, field_manager=FIELD_MANAGER)
+    memo.kube = KubeApi(_credentials(), field_manager=FIELD_MANAGER, pool_size=settings.execution.max_workers)
     memo.reconciler = Reconciler(
         kube=memo.kube,
         default_image=os.environ.get(ENV_TRAINER_IMAGE) or None,
@@ -114,30 +114,33 @@ def kopf_connection_limit(environ: Mapping[str, str] = os.environ) -> int:
     return pool + OBSERVER_CONNECTIONS + WATCH_CONNECTIONS_PER_NAMESPACE * max(1, len(namespaces))
 
 
-@kopf.on.login()
-async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
-    """In-cluster ServiceAccount, else $KUBECONFIG (read now, not at import time).
+def _credentials() -> Credentials:
+    """In-cluster ServiceAccount, else --kubeconfig / $KUBECONFIG, read when asked (not at import)."""
+    try:
+        return load_credentials()
+    except CredentialsError as error:
+        raise kopf.PermanentError(str(error)) from error  # retrying cannot fix a missing kubeconfig
 
-    kopf's default would go through the kubernetes client's process-wide defaults, which
-    freeze KUBECONFIG when the client is first imported; parsing the files directly keeps
-    `--kubeconfig` authoritative and supports client certificates (the local dev cluster).
-    The credentials go into a session of our own only to bound its connection pool (above);
-    kopf closes it with its own.
+
+@kopf.on.login()
+async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.AiohttpSession:
+    """kopf's session from the same credentials as the operator's own client (a ServiceAccount's
+    token is read afresh on each login: kopf logs in again when a rotated-out token gets a 401).
+
+    Our own login handler also replaces kopf's default ones, which would go through the
+    official kubernetes client (never imported in the operator, cli/operator.py); and the
+    session is ours to bound its connection pool (above). kopf closes it with its own.
     """
-    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-    if info is None:
-        return None
+    credentials = _credentials()
     return kopf.AiohttpSession(
         aiohttp_session=aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=kopf_connection_limit(), ssl=info.as_ssl_context()),
-            headers=info.as_http_headers(),
-            proxy=info.proxy_url,
-            trust_env=info.trust_env,
+            connector=aiohttp.TCPConnector(limit=kopf_connection_limit(), ssl=credentials.ssl_context()),
+            headers=credentials.auth_headers(),
+            proxy=credentials.proxy_url,
+            trust_env=settings.networking.trust_env,
         ),
-        server=info.server,
-        default_namespace=info.default_namespace,
-        priority=info.priority,
-        expiration=info.expiration,
+        server=credentials.server,
+        default_namespace=credentials.namespace,
     )
 
 
