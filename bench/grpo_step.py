@@ -186,6 +186,48 @@ class PeakSampler:
         self._thread.join()
 
 
+def time_trl_vllm(trainer) -> dict:
+    """The same breakdown for TRL as our counters give (TRL logs none): wrap its engine's
+    sleep / wake_up / generate and its `sync_weights` (empty_cache + weight wake + per-
+    parameter push + prefix-cache reset). Wake time runs from the start of `sync_weights` to
+    the end of its weight wake, so `empty_cache` counts as wake for both trainers."""
+    gen = trainer.vllm_generation
+    llm = gen.llm
+    timers = {"push_seconds": 0.0, "sleep_seconds": 0.0, "wake_seconds": 0.0, "generate_seconds": 0.0, "pushes": 0}
+    state = {"sync_start": None}
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                end = time.perf_counter()
+                if key == "wake_seconds" and state["sync_start"] is not None:
+                    timers[key] += end - state["sync_start"]  # includes the empty_cache before it
+                    state["sync_start"] = end  # the push starts here
+                else:
+                    timers[key] += end - start
+        return wrapper
+
+    llm.sleep = timed(llm.sleep, "sleep_seconds")
+    llm.wake_up = timed(llm.wake_up, "wake_seconds")
+    llm.generate = timed(llm.generate, "generate_seconds")
+    sync = gen.sync_weights
+
+    def timed_sync(*a, **k):
+        state["sync_start"] = time.perf_counter()
+        try:
+            return sync(*a, **k)
+        finally:
+            timers["push_seconds"] += time.perf_counter() - state["sync_start"]
+            timers["pushes"] += 1
+            state["sync_start"] = None
+
+    gen.sync_weights = timed_sync
+    return timers
+
+
 def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = False, size: str = "small",
            model: str = MODEL, util: float | None = None) -> None:  # fmt: skip
     import torch
@@ -241,6 +283,7 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
                 log_entries.append({key: v for key, v in logs.items() if isinstance(v, (int, float))})
 
     trainer.add_callback(Timer())
+    trl_timers = time_trl_vllm(trainer) if contender.startswith("trl-") and not cpu else None
     with PeakSampler() if cuda else nullcontext() as sampler:
         trainer.train()
     measured_times = times[warmup:] or times
@@ -248,6 +291,9 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
     breakdown = {}
     if hasattr(trainer, "generation_metrics"):
         breakdown = trainer.generation_metrics()
+    elif trl_timers is not None:
+        breakdown = {f"generation/{k}": v for k, v in trl_timers.items()}
+    logp_diffs = [e["sampling/sampling_logp_difference/mean"] for e in log_entries if "sampling/sampling_logp_difference/mean" in e]
     result = {
         "contender": contender,
         "median_s_per_step": statistics.median(measured_times),
@@ -260,7 +306,7 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
         "gpu_memory_utilization": util,
         "breakdown_total_seconds": breakdown,
         "profiling": {k: v for k, v in last.items() if k.startswith("profiling/")},
-        "logp_diff": last.get("sampling/sampling_logp_difference/mean"),
+        "logp_diff": statistics.mean(logp_diffs) if logp_diffs else None,
         "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainer.model.parameters()),
     }
     if int(os.environ.get("RANK", "0")) == 0:
