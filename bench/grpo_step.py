@@ -31,15 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from child_process import install_stop_handlers, run_child  # noqa: E402 - bench/ is not a package
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
 # Fixed before the first run (issue 8: no tuning to the numbers). `small` ran on 2026-12-02
@@ -356,39 +356,6 @@ def floor_seconds(machine: dict, params: int, config: dict = CONFIG) -> dict:
 
 
 # ---------------------------------------------------------------- parent
-ACTIVE_CHILD: list[subprocess.Popen] = []
-
-
-def stop_children(signum: int, frame: object) -> None:
-    """SIGTERM/SIGINT (e.g. from `timeout`): take the child's process group down too — it
-    runs in its own session and would otherwise outlive us, holding the GPU."""
-    for proc in ACTIVE_CHILD:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=8)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-    sys.exit(128 + signum)
-
-
-def run_child(cmd: list[str], env: dict, work: Path, timeout_s: float) -> tuple[int, bool]:
-    """Run one child in its own process group; on timeout the launcher and workers all go."""
-    with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, start_new_session=True)
-        ACTIVE_CHILD[:] = [proc]
-        try:
-            return proc.wait(timeout=timeout_s), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            return proc.returncode, True
-
-
 def write_report(out: Path, machine: dict, results: list[dict], warmup: int, measured: int, size: str = "small",
                  model: dict | None = None) -> list[str]:  # fmt: skip
     config = SIZES[size]
@@ -509,8 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.make_model:
         (out / "model.json").write_text(json.dumps(make_large_model(args.model_dir, MODEL)))
         return 0
-    signal.signal(signal.SIGTERM, stop_children)
-    signal.signal(signal.SIGINT, stop_children)
+    install_stop_handlers()
     if not Path(MODEL).exists():
         print(f"[bench] model not found at {MODEL} (set COLOCGRPO_TEST_MODEL)", file=sys.stderr)
         return 2

@@ -26,9 +26,7 @@ import json
 import math
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -36,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+from child_process import install_stop_handlers, run_child  # noqa: E402 - shared with bench/grpo_step.py
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 RENDER_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
 
@@ -102,22 +102,6 @@ def launch_files(work: Path, num_processes: int) -> tuple[dict, dict, str]:
     )
     acc.pop("mixed_precision", None)
     return ds, acc, source
-
-
-ACTIVE_CHILD: list[subprocess.Popen] = []
-
-
-def stop_children(signum: int, frame: object) -> None:
-    """SIGTERM/SIGINT (e.g. from `timeout`): take the launcher's process group down too —
-    it runs in its own session and would otherwise outlive us, holding the GPU."""
-    for proc in ACTIVE_CHILD:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=8)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-    sys.exit(128 + signum)
 
 
 def write_inputs(
@@ -202,22 +186,8 @@ def run(
     )
     print(f"[learning] {policy}: {steps} steps, limit {timeout_s:.0f} s ({launch_source})", flush=True)
     start = time.perf_counter()
-    timed_out = False
-    with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
-        # Own process group: on timeout the launcher and its workers all go.
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
-        ACTIVE_CHILD[:] = [proc]
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            returncode = proc.returncode
+    # Own process group: on timeout the launcher and its workers all go.
+    returncode, timed_out = run_child(cmd, env, work, timeout_s, cwd=work)
     seconds = time.perf_counter() - start
     stdout = (work / "stdout.log").read_text(errors="replace")
     stderr = (work / "stderr.log").read_text(errors="replace")
@@ -274,8 +244,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--grpo-extra", type=json.loads, default={}, help="JSON merged into the grpo section")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, stop_children)
-    signal.signal(signal.SIGINT, stop_children)
+    install_stop_handlers()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not Path(MODEL).exists():

@@ -21,25 +21,21 @@ from pathlib import Path
 
 import pytest
 
+from gpu_requirements import unavailable
+
 pytestmark = pytest.mark.gpu
-
-
-def _unavailable(why: str) -> None:
-    if os.environ.get("COLOCGRPO_REQUIRE_GPU") == "1":
-        raise RuntimeError(f"COLOCGRPO_REQUIRE_GPU=1 but {why}")
-    pytest.skip(why, allow_module_level=True)
 
 
 try:
     import torch
 except ImportError:
-    _unavailable("torch is not installed")
+    unavailable("torch is not installed")
 if not torch.cuda.is_available():
-    _unavailable("needs a CUDA GPU")
+    unavailable("needs a CUDA GPU")
 try:
     import deepspeed
 except ImportError as err:
-    _unavailable(f"DeepSpeed does not import ({err})")
+    unavailable(f"DeepSpeed does not import ({err})")
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 STEPS = 3

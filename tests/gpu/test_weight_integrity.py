@@ -31,30 +31,24 @@ from pathlib import Path
 
 import pytest
 
+from gpu_requirements import unavailable
+
 pytestmark = pytest.mark.gpu
-
-
-def _unavailable(why: str) -> None:
-    # On the GPU machine (run_on_device.sh sets COLOCGRPO_REQUIRE_GPU=1) a skip would read as
-    # a pass: fail the collection instead.
-    if os.environ.get("COLOCGRPO_REQUIRE_GPU") == "1":
-        raise RuntimeError(f"COLOCGRPO_REQUIRE_GPU=1 but {why}")
-    pytest.skip(why, allow_module_level=True)
 
 
 try:
     import torch
 except ImportError:
-    _unavailable("torch is not installed")
+    unavailable("torch is not installed")
 # CPU dry runs of this suite (a vLLM stand-in on PYTHONPATH, docs/gpu-proofs.md) set cpu/float32.
 DEVICE = os.environ.get("COLOCGRPO_INTEGRITY_DEVICE", "cuda")
 DTYPE = getattr(torch, os.environ.get("COLOCGRPO_INTEGRITY_DTYPE", "bfloat16"))
 if DEVICE == "cuda" and not torch.cuda.is_available():
-    _unavailable("needs a CUDA GPU")
+    unavailable("needs a CUDA GPU")
 try:
     import vllm  # noqa: F401
 except ImportError as err:
-    _unavailable(f"vLLM does not import ({err})")
+    unavailable(f"vLLM does not import ({err})")
 
 from integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402 - after the skips
 
