@@ -229,7 +229,7 @@ def time_trl_vllm(trainer) -> dict:
 
 
 def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = False, size: str = "small",
-           model: str = MODEL, util: float | None = None) -> None:  # fmt: skip
+           model: str = MODEL, util: float | None = None, profile_steps: tuple[int, ...] = ()) -> None:  # fmt: skip
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -265,7 +265,16 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
     log_entries: list[dict] = []
 
     class Timer(TrainerCallback):
+        profiler = None
+
         def on_step_begin(self, *a, **k):
+            if len(times) + 1 in profile_steps:
+                # Where a step's time goes (ops by self CPU and CUDA time): the step's own
+                # time is then not comparable, so profiled steps are reported apart.
+                self.profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                )
+                self.profiler.__enter__()
             if cuda:
                 torch.cuda.synchronize()
             self.t0 = time.perf_counter()
@@ -274,6 +283,14 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - self.t0)
+            if self.profiler is not None:
+                self.profiler.__exit__(None, None, None)
+                table = self.profiler.key_averages()
+                with open(out / f"profile-step{len(times)}.txt", "w") as f:
+                    for key in ("self_cpu_time_total", "self_device_time_total" if cuda else None):
+                        if key:
+                            f.write(f"== by {key}\n{table.table(sort_by=key, row_limit=40, max_name_column_width=70)}\n")
+                self.profiler = None
             if cuda:
                 free, total = torch.cuda.mem_get_info()
                 peaks.append(total - free)
@@ -286,7 +303,8 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
     trl_timers = time_trl_vllm(trainer) if contender.startswith("trl-") and not cpu else None
     with PeakSampler() if cuda else nullcontext() as sampler:
         trainer.train()
-    measured_times = times[warmup:] or times
+    # Profiled steps carry the profiler's own overhead: left out of the statistics.
+    measured_times = [t for i, t in enumerate(times) if i >= warmup and i + 1 not in profile_steps] or times
     last = log_entries[-1] if log_entries else {}
     breakdown = {}
     if hasattr(trainer, "generation_metrics"):
@@ -298,7 +316,8 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
         "contender": contender,
         "median_s_per_step": statistics.median(measured_times),
         "warmup_steps": warmup,
-        "measured_steps": len(times) - warmup,
+        "measured_steps": len(measured_times),
+        "profiled_steps": sorted(profile_steps),
         "step_times": times,
         "peak_device_bytes_at_step_end": max(peaks) if peaks else 0,
         "peak_device_bytes_sampled": sampler.peak if sampler is not None else 0,
@@ -374,7 +393,8 @@ def write_report(out: Path, machine: dict, results: list[dict], warmup: int, mea
             lines.append(f"| {r['contender']} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
             continue
         b = r["breakdown_total_seconds"]
-        measured_times = r["step_times"][r["warmup_steps"]:] or r["step_times"]
+        profiled = set(r.get("profiled_steps", ()))
+        measured_times = [t for i, t in enumerate(r["step_times"]) if i >= r["warmup_steps"] and i + 1 not in profiled] or r["step_times"]
         logp = r.get("logp_diff")
         lines.append(
             f"| {r['contender']} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
@@ -452,6 +472,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--util", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure-machine", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--make-model", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-steps", default="", help="1-based steps to profile with torch.profiler (profile-stepN.txt per contender)")
     args = parser.parse_args(argv)
     config = SIZES[args.size]
     args.warmup_steps = config["warmup_steps"] if args.warmup_steps is None else args.warmup_steps
@@ -466,9 +487,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
+    profile_steps = tuple(int(n) for n in args.profile_steps.split(",") if n)
     if args.worker:
         worker(args.worker, out, args.warmup_steps, args.measured_steps, cpu=args.cpu, size=args.size,
-               model=args.model, util=args.util)  # fmt: skip
+               model=args.model, util=args.util, profile_steps=profile_steps)  # fmt: skip
         return 0
     if args.measure_machine:
         (out / "machine.json").write_text(json.dumps(measure_machine()))
@@ -549,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(Path(__file__).resolve()), "--worker", contender, "--out", str(work), "--size", args.size,
                 "--model", model_info["path"],
                 "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps),
+                "--profile-steps", args.profile_steps,
             ] + (["--cpu"] if args.cpu else []) + ([] if util is None else ["--util", str(util)])  # fmt: skip
             start = time.perf_counter()
             timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))
