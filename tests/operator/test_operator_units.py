@@ -13,7 +13,15 @@ from rich.console import Console
 from colocgrpo_operator.cli.logs import pick_pod
 from colocgrpo_operator.cli.watch import render_view
 from colocgrpo_operator.controller.reconciler import ParsedSpec, Reconciler, _status_patch
-from colocgrpo_operator.controller.snapshots import batch_job_snapshot, job_resource_snapshot, pod_snapshot
+from colocgrpo_operator.controller.snapshots import (
+    all_views,
+    batch_job_snapshot,
+    first_view,
+    has_view,
+    job_resource_snapshot,
+    pack,
+    pod_snapshot,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,6 +133,23 @@ def test_snapshots_keep_what_status_needs_and_detach():
                                        "colocgrpo.io/gpu-memory-gib": "80", "team": "a"}
     cr = job_resource_snapshot(copy.deepcopy(body))
     assert cr["metadata"]["annotations"] == {"colocgrpo.io/gpu-memory-gib": "80", "team": "a"}
+
+
+def test_indices_keep_views_packed_and_hand_them_out_decoded():
+    body = tiny()
+    body["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "message": "ünïcode"}]}
+    view = job_resource_snapshot(body)
+    packed = pack(view)
+    assert isinstance(packed, str) and '", "' not in packed and '": ' not in packed  # compact separators
+    index = {("ns", "a"): [packed], ("ns", "gone"): []}
+    assert first_view(index, ("ns", "a")) == view and first_view(index, ("ns", "gone")) is None
+    assert has_view(index, ("ns", "a")) and not has_view(index, ("ns", "gone")) and not has_view(index, ("x", "y"))
+    pods = [pod_snapshot({"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}}) for i in range(2)]
+    assert all_views({("ns", "a"): [pack(p) for p in pods]}, ("ns", "a")) == pods
+    assert all_views({}, ("ns", "a")) == []
+    decoded = first_view(index, ("ns", "a"))
+    decoded["status"]["phase"] = "Failed"  # every read is a fresh copy: nothing mutates the index
+    assert first_view(index, ("ns", "a"))["status"]["phase"] == "Running"
 
 
 def test_watch_view_shows_phase_step_reward_and_conditions():

@@ -21,7 +21,15 @@ from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_
 from colocgrpo_operator.controller import settings as _settings  # noqa: F401  (registers startup/cleanup)
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
-from colocgrpo_operator.controller.snapshots import batch_job_snapshot, job_resource_snapshot, pod_snapshot
+from colocgrpo_operator.controller.snapshots import (
+    all_views,
+    batch_job_snapshot,
+    first_view,
+    has_view,
+    job_resource_snapshot,
+    pack,
+    pod_snapshot,
+)
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
@@ -37,40 +45,31 @@ RECHECK_SECONDS = float(os.environ.get(_settings.ENV_ACTIVE_INTERVAL, "10"))
 
 
 @kopf.index(*RESOURCE)
-async def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {(namespace, name): job_resource_snapshot(body)}
+async def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, str]:
+    return {(namespace, name): pack(job_resource_snapshot(body))}
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
 async def batch_jobs_by_owner(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body,
-                        **_: Any) -> dict[Key, dict[str, Any]] | None:
+                        **_: Any) -> dict[Key, str] | None:
     # Only the Job named after its ColocGRPOJob is the gang.
     if labels.get(JOB_NAME_LABEL) != name:
         return None
-    return {(namespace, name): batch_job_snapshot(body)}
+    return {(namespace, name): pack(batch_job_snapshot(body))}
 
 
 @kopf.index("v1", "pods", labels=CHILD_LABELS)
-async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {(namespace, labels[JOB_NAME_LABEL]): pod_snapshot(body)}
-
-
-def _first(index: kopf.Index, key: Key) -> Any:
-    store = index.get(key)
-    if not store:
-        return None
-    for value in store:
-        return value
-    return None
+async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, str]:
+    return {(namespace, labels[JOB_NAME_LABEL]): pack(pod_snapshot(body))}
 
 
 def _reader(key: Key, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
             pods_by_owner: kopf.Index) -> Callable[[], Inputs]:
     """Reads one job's inputs from the indices when called (on the event loop, so the
-    indices cannot change while it copies them)."""
+    indices cannot change while it decodes them)."""
 
     def read() -> Inputs:
-        return (_first(jobs_by_name, key), _first(batch_jobs_by_owner, key), list(pods_by_owner.get(key) or []))
+        return first_view(jobs_by_name, key), first_view(batch_jobs_by_owner, key), all_views(pods_by_owner, key)
 
     return read
 
@@ -114,18 +113,16 @@ async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.M
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
 @kopf.on.event("v1", "pods", labels=CHILD_LABELS)
-async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, logger: logging.Logger,
+async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo,
                         jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index,
                         **_: Any) -> None:
-    """A Job or pod of some job changed (or vanished): re-derive that job's status."""
+    """A Job or pod of some job changed (or vanished): re-derive that job's status, in a task
+    of its own (Reconciler.reconcile_soon says why), so this handler returns at once."""
     key = (namespace, labels.get(JOB_NAME_LABEL, ""))
-    if _first(jobs_by_name, key) is None:
+    if not has_view(jobs_by_name, key):
         return  # an orphan, or a job being deleted: garbage collection handles it
-    try:
-        await _reconciler(memo).reconcile(key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
-                                          trigger="child")
-    except Exception as error:  # event handlers are not retried; the re-check will be
-        logger.warning("reconcile of %s/%s after a child event failed (will re-check): %s", *key, error)
+    _reconciler(memo).reconcile_soon(key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+                                     trigger="child")
 
 
 @kopf.on.event(*RESOURCE)

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
+from colocgrpo_operator.controller.snapshots import first_view
 from colocgrpo_operator.controller.status import TERMINAL_PHASES, parse_time
 
 
@@ -66,7 +67,7 @@ class Housekeeper:
 
     async def _recheck_active(self) -> None:
         for key in list(self.jobs.keys()):
-            cr = _first(self.jobs, key)
+            cr = first_view(self.jobs, key)
             if cr is None or (cr.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 continue
             try:
@@ -81,7 +82,7 @@ class Housekeeper:
         now = datetime.now(timezone.utc)
         soonest: float | None = None
         for key in list(self.jobs.keys()):
-            cr = _first(self.jobs, key)
+            cr = first_view(self.jobs, key)
             deadline = ttl_deadline(cr)
             if deadline is None:
                 continue
@@ -119,9 +120,3 @@ try:
     _LIBC: Any = ctypes.CDLL("libc.so.6")
 except OSError:
     _LIBC = None
-
-
-def _first(index: Any, key: Key) -> Any:
-    for value in index.get(key) or ():
-        return value
-    return None

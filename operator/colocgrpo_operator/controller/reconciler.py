@@ -28,7 +28,7 @@ from colocgrpo_operator.api import JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
-from colocgrpo_operator.controller.snapshots import batch_job_snapshot
+from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, unpack
 
 Key = tuple[str, str]  # (namespace, name)
 # (the ColocGRPOJob, its batch Job, the Job's pods) as the indices hold them now
@@ -143,12 +143,14 @@ class Reconciler:
         self.phases = PhaseBook()
         self._locks: dict[Key, asyncio.Lock] = {}
         self._queued: set[Key] = set()
+        self._background: set[asyncio.Task] = set()  # reconcile_soon's tasks
         self._wakeup = asyncio.Event()
         self.housekeeping: asyncio.Task | None = None  # the one housekeeping loop (handlers.py)
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
         # Our own last status write per job, with its resourceVersion: the watch (and so the
         # index) may lag behind it, and deciding from an older status could count twice.
-        self._written: dict[Key, tuple[int, dict[str, Any]]] = {}
+        # Packed like the indices' views (snapshots.py), as it is kept for every job.
+        self._written: dict[Key, tuple[int, str]] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -206,9 +208,44 @@ class Reconciler:
             if key in self._queued:
                 return
             self._queued.add(key)
+        await self._reconcile_claimed(key, read_inputs, trigger, ensure_children, fresh_cr)
+
+    def reconcile_soon(self, key: Key, read_inputs: Callable[[], Inputs], *, trigger: str) -> None:
+        """A coalescible reconcile in a task of its own, for event handlers that need nothing
+        from their event but the job's key (a Job or pod changed).
+
+        The handler returns at once, so kopf drops the watch event it holds (a full object,
+        managedFields and all) instead of keeping it while the job's lock is busy: in a
+        500-job burst, hundreds of child events waited like that at once, and that peak is
+        what the operator's RSS keeps afterwards (docs/benchmarks/operator.md). Errors are
+        logged; the periodic re-check retries, as it did for a failed event handler.
+        """
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        task = asyncio.get_running_loop().create_task(self._reconcile_logged(key, read_inputs, trigger))
+        self._background.add(task)  # a reference, or the task could be garbage-collected mid-run
+        task.add_done_callback(self._background.discard)
+
+    async def _reconcile_logged(self, key: Key, read_inputs: Callable[[], Inputs], trigger: str) -> None:
+        try:
+            await self._reconcile_claimed(key, read_inputs, trigger, False, None)
+        except Exception as error:
+            self.logger.warning("reconcile of %s/%s after a child event failed (will re-check): %s",
+                                *key, error)
+
+    async def cancel_background(self) -> None:
+        """Stop the reconciles started by reconcile_soon (at shutdown)."""
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _reconcile_claimed(self, key: Key, read_inputs: Callable[[], Inputs], trigger: str,
+                                 ensure_children: bool, fresh_cr: dict[str, Any] | None) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if coalescible:
+            if not ensure_children:
                 self._queued.discard(key)
             cr, job, pods = read_inputs()
             if fresh_cr is not None:
@@ -236,7 +273,7 @@ class Reconciler:
         previous = {k: v for k, v in indexed_status.items() if k != "progress"}
         written = self._written.get(key)
         if written and written[0] > _resource_version(cr):
-            previous = written[1]
+            previous = unpack(written[1])
 
         parsed = self.parsed(cr)
         if not parsed.valid:
@@ -312,7 +349,7 @@ class Reconciler:
             return
         patch = _status_patch(previous, desired)
         response = await self._blocking(self.kube.patch_status, key[0], key[1], patch)
-        self._written[key] = (_resource_version(response), desired)
+        self._written[key] = (_resource_version(response), pack(desired))
         old_phase, new_phase = previous.get("phase"), desired.get("phase")
         if new_phase in derive.TERMINAL_PHASES:
             self.wake_up()

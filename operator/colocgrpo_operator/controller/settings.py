@@ -64,9 +64,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.posting.reporting_component = FIELD_MANAGER
     settings.posting.event_name_prefix = "colocgrpo-"
 
-    # Queueing (formerly "batching"): per-object workers idle out quickly so 500 finished
-    # jobs do not keep 500 idle coroutines; no global limit (fairness across jobs).
-    settings.queueing.idle_timeout = 5.0
+    # Queueing (formerly "batching"): per-object workers idle out quickly; no global limit
+    # (fairness across jobs). An idle worker still holds the last watch event it processed (a
+    # full object): with kopf's 5 s default, a 500-job burst kept ~1000 of them alive at once,
+    # and the allocator keeps that peak as RSS afterwards (docs/benchmarks/operator.md).
+    settings.queueing.idle_timeout = 0.5
     settings.queueing.exit_timeout = 2.0
 
     # Sync work (API calls with the blocking client) runs in this many threads.
@@ -153,6 +155,8 @@ async def close_clients(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> No
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    if reconciler is not None:
+        await reconciler.cancel_background()
     kube = getattr(memo, "kube", None)
     if kube is not None:
         kube.close()
