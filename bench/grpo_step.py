@@ -119,13 +119,52 @@ DEFAULT_LARGE_CONTENDERS = "trl-sleep,ours-auto,ours-level1,trl-nosleep"
 CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level2", "ours-auto")
 
 
+# The DeepSpeed file a contender trains under (`contender@plain` / `contender@product` picks
+# one). `plain` is ZeRO-3 with DeepSpeed's defaults: what TRL's docs and accelerate's
+# `zero_stage: 3` give a TRL user. `product` is what our operator renders for the same
+# one-GPU job (colocgrpo_operator.render), which is how our trainer runs in a pod.
+DEEPSPEED_FILES = ("plain", "product")
+
+
 def check_contender(name: str) -> str:
-    base = name.removesuffix("-offload")
-    if base not in CONTENDERS or (name.endswith("-offload") and not base.startswith("ours-")):
+    trainer, _, deepspeed = name.partition("@")
+    base = trainer.removesuffix("-offload")
+    if base not in CONTENDERS or (trainer.endswith("-offload") and not base.startswith("ours-")):
         raise argparse.ArgumentTypeError(
-            f"unknown contender {name!r}: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload]"
+            f"unknown contender {name!r}: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload], "
+            f"each optionally @plain or @product"
         )
+    if deepspeed and deepspeed not in DEEPSPEED_FILES:
+        raise argparse.ArgumentTypeError(f"unknown DeepSpeed file {deepspeed!r} in {name!r}: @plain or @product")
     return name
+
+
+def deepspeed_choice(contender: str) -> str:
+    """`plain` for TRL, `product` for ours, unless the name says otherwise."""
+    trainer, _, deepspeed = contender.partition("@")
+    return deepspeed or ("product" if trainer.startswith("ours-") else "plain")
+
+
+PLAIN_DEEPSPEED = {
+    "zero_optimization": {"stage": 3},
+    "bf16": {"enabled": "auto"},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
+
+
+def product_deepspeed() -> dict:
+    """deepspeed.json as the operator renders it for a one-GPU job (TP 1, nothing offloaded)."""
+    import yaml
+
+    from colocgrpo_operator.api import parse_job
+    from colocgrpo_operator.render import deepspeed_config
+
+    job = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
+    job["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 1}
+    job["spec"]["vllm"]["tensorParallelSize"] = 1
+    return deepspeed_config(parse_job(job))
 
 
 def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False, config: dict = CONFIG, util: float | None = None):
@@ -245,6 +284,7 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
         return [float(len(c[-1]["content"]) % 7) for c in completions]
 
     kwargs = dict(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows))
+    contender = contender.partition("@")[0]  # the DeepSpeed file was the launcher's business
     if contender.startswith("trl-"):
         trainer = GRPOTrainer(**kwargs)
     else:
@@ -385,19 +425,19 @@ def write_report(out: Path, machine: dict, results: list[dict], warmup: int, mea
                "machine": machine, "floor": floor, "results": results}  # fmt: skip
     (out / "bench.json").write_text(json.dumps(summary, indent=2))
     lines = [
-        "| contender | util | median s/step | mean s/step | peak device GiB (sampled) | push s | sleep s | wake s | generate s | offload s | logp diff |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| contender | DeepSpeed file | util | median s/step | mean s/step | peak device GiB (sampled) | push s | sleep s | wake s | generate s | offload s | logp diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in results:
         if "median_s_per_step" not in r:
-            lines.append(f"| {r['contender']} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
+            lines.append(f"| {r['contender']} | {deepspeed_choice(r['contender'])} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
             continue
         b = r["breakdown_total_seconds"]
         profiled = set(r.get("profiled_steps", ()))
         measured_times = [t for i, t in enumerate(r["step_times"]) if i >= r["warmup_steps"] and i + 1 not in profiled] or r["step_times"]
         logp = r.get("logp_diff")
         lines.append(
-            f"| {r['contender']} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
+            f"| {r['contender']} | {deepspeed_choice(r['contender'])} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
             f"{statistics.mean(measured_times):.3f} | {r.get('peak_device_bytes_sampled', 0) / 2**30:.1f} | "
             + " | ".join(f"{b.get('generation/' + k, float('nan')):.3f}" for k in ("push_seconds", "sleep_seconds", "wake_seconds", "generate_seconds", "offload_seconds"))
             + f" | {logp if logp is None else f'{logp:.4f}'} |"
@@ -537,14 +577,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] no device memory size to plan utilizations from ({machine}); pass --util-ladder", file=sys.stderr)
             return 2
         model_info["util_ladder"] = ladder
-    ds = out / "deepspeed.json"
-    ds.write_text(json.dumps({
-        "zero_optimization": {"stage": 3},
-        "bf16": {"enabled": "auto"},
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-    }))  # fmt: skip
+    deepspeed_files = {}
+    for choice, config in (("plain", PLAIN_DEEPSPEED), ("product", product_deepspeed())):
+        deepspeed_files[choice] = out / f"deepspeed-{choice}.json"
+        deepspeed_files[choice].write_text(json.dumps(config, indent=2))
     results: list[dict] = []
     last_wall = 100.0  # a first guess of one contender's wall time, then the last one's
 
@@ -566,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir(parents=True, exist_ok=True)
             cmd = [
                 sys.executable, "-m", "accelerate.commands.launch",
-                "--use_deepspeed", "--deepspeed_config_file", str(ds), "--zero3_init_flag", "true",
+                "--use_deepspeed", "--deepspeed_config_file", str(deepspeed_files[deepspeed_choice(contender)]),
+                "--zero3_init_flag", "true",
                 "--num_processes", "1", "--mixed_precision", "no" if args.cpu else "bf16",
                 str(Path(__file__).resolve()), "--worker", contender, "--out", str(work), "--size", args.size,
                 "--model", model_info["path"],
@@ -581,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0 and (work / "result.json").exists():
                 result = json.loads((work / "result.json").read_text())
                 result["wall_s"] = wall
+                result["deepspeed"] = deepspeed_choice(contender)
                 print(f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step at util {util} ({wall:.0f} s wall)", flush=True)
                 break
             tail = (work / "stderr.log").read_text(errors="replace")[-3000:]

@@ -97,8 +97,12 @@ if [[ ",$PARTS," == *",push,"* ]]; then
   # The weight push's no-gather source equals DeepSpeed's gathered weights after real steps.
   export COLOCGRPO_RESULTS_DIR="$WORK/push" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}"
   mkdir -p "$COLOCGRPO_RESULTS_DIR"
-  run_part push 150 "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -s -rA tests/gpu/test_push_path.py
-  grep -E "push source|PASSED|FAILED|ERROR|passed|failed" "$OUT/push.log" | tail -4 >>"$SUMMARY"
+  # Both ZeRO-3 layouts: every parameter resident (the operator's one-GPU render) and DeepSpeed's default.
+  for layout in product plain; do
+    COLOCGRPO_PUSH_ZERO3_LAYOUT=$layout run_part "push-$layout" 150 \
+      "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -s -rA tests/gpu/test_push_path.py
+    grep -E "zero3 layout|push source|PASSED|FAILED|ERROR|passed|failed" "$OUT/push-$layout.log" | tail -5 >>"$SUMMARY"
+  done
 fi
 if [[ ",$PARTS," == *",learning,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then

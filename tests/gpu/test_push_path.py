@@ -39,6 +39,18 @@ except ImportError as err:
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 STEPS = 3
+# The ZeRO-3 layout the views are read from: "product" keeps every parameter resident, as the
+# operator renders a one-GPU job (render/launch_config.py); "plain" is DeepSpeed's default,
+# which releases parameters above 100k elements after each use.
+ZERO3_LAYOUT = os.environ.get("COLOCGRPO_PUSH_ZERO3_LAYOUT", "product")
+
+
+def _persistence_threshold() -> int:
+    if ZERO3_LAYOUT == "plain":
+        return 100_000
+    from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
+
+    return EVERY_PARAMETER
 
 
 def _free_port() -> int:
@@ -59,7 +71,7 @@ def zero3_engine():
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 3},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": _persistence_threshold()},
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     yield engine
@@ -92,6 +104,12 @@ def test_partition_view_is_the_current_weight(zero3_engine):
     engine = zero3_engine
     params = [p for _, p in engine.module.named_parameters()]
     assert all(getattr(p, "ds_zero_partition_world_size", None) == 1 for p in params), "not a one-way ZeRO-3 run"
+    persistent = sum(bool(getattr(p, "ds_persist", False)) for p in params)
+    print(f"zero3 layout {ZERO3_LAYOUT}: {persistent}/{len(params)} parameters persistent")
+    if ZERO3_LAYOUT == "product":
+        assert persistent == len(params), "the one-GPU render should keep every parameter resident"
+    else:
+        assert persistent < len(params), "the plain layout should release the large parameters"
     torch.manual_seed(0)
     previous = None
     for step in range(STEPS):

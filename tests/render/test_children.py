@@ -11,6 +11,7 @@ import yaml
 
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.render import render_children, render_trainer_config
+from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
 from colocgrpo_training.config import TrainerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +88,32 @@ def test_config_map_has_exactly_the_three_files_and_no_secrets(seed):
     assert deepspeed["zero_optimization"]["stage"] == 3
     assert deepspeed["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     assert deepspeed["gradient_accumulation_steps"] == "auto"  # one source of truth: GRPOConfig
+
+
+def one_gpu_job(**deepspeed) -> dict:
+    obj = load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 1, "gpusPerNode": 1})
+    obj["spec"]["vllm"]["tensorParallelSize"] = 1
+    if deepspeed:
+        obj["spec"]["deepspeed"] = deepspeed
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        # One process, parameters on the GPU: ZeRO-3 keeps every parameter resident.
+        (one_gpu_job(), EVERY_PARAMETER),
+        # Several processes share each parameter: releasing is what saves memory.
+        (load_example("seed-qwen14b-tp4.yaml"), "auto"),
+        (load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 2, "gpusPerNode": 4}), "auto"),
+        # Parameters offloaded to the CPU must come back to it after use.
+        (one_gpu_job(offloadParams="cpu"), "auto"),
+    ],
+    ids=["one-gpu", "eight-gpus", "two-nodes", "one-gpu-param-offload"],
+)
+def test_zero3_persistence_threshold_follows_world_size_and_offload(obj, expected):
+    deepspeed = json.loads(children_by_kind(obj)["ConfigMap"]["data"]["deepspeed.json"])
+    assert deepspeed["zero_optimization"]["stage3_param_persistence_threshold"] == expected
 
 
 def test_secret_is_an_env_reference_never_config():

@@ -3,6 +3,7 @@ shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from pathlib import Path
 
@@ -60,3 +61,24 @@ def test_floor_counts_one_generation_per_two_optimizer_steps_in_both_sizes():
         assert completions == config["prompts_per_step"] * config["num_generations"]
         assert floor["decode_s"] == pytest.approx(10**9 * 2 * 64 / 2 / 4e12)
         assert floor["train_s"] == pytest.approx(6 * 10**9 * completions * (40 + 64) / 8e14)
+
+
+def test_each_trainer_gets_its_users_deepspeed_file_unless_named():
+    assert grpo_step.deepspeed_choice("trl-sleep") == "plain"
+    assert grpo_step.deepspeed_choice("ours-auto-offload") == "product"
+    assert grpo_step.deepspeed_choice("trl-sleep@product") == "product"
+    assert grpo_step.deepspeed_choice("ours-auto@plain") == "plain"
+    assert grpo_step.check_contender("trl-sleep@product") == "trl-sleep@product"
+    for bad in ("trl-sleep@tuned", "trl-sleep-offload", "ours-sometimes"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            grpo_step.check_contender(bad)
+
+
+def test_product_deepspeed_file_is_the_operators_one_gpu_render():
+    from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
+
+    zero = grpo_step.product_deepspeed()["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["stage3_param_persistence_threshold"] == EVERY_PARAMETER
+    assert zero["offload_param"]["device"] == "none" and zero["offload_optimizer"]["device"] == "none"
+    assert grpo_step.PLAIN_DEEPSPEED["zero_optimization"] == {"stage": 3}
