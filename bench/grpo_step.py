@@ -536,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "machine.json").write_text(json.dumps(measure_machine()))
         return 0
     if args.make_model:
+        out.mkdir(parents=True, exist_ok=True)
         (out / "model.json").write_text(json.dumps(make_large_model(args.model_dir, MODEL)))
         return 0
     install_stop_handlers()

@@ -7,6 +7,7 @@
 #   PARTS=bench bash tests/gpu/run_on_device.sh              # full benchmark (≤ 9 min)
 #   PARTS=push,bench ...                                     # + the push-source check (~1 min)
 #   PARTS=bench-large bash tests/gpu/run_on_device.sh        # the ~7B comparison (≤ 9 min)
+#   PARTS=zero3 bash tests/gpu/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #
 # Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
@@ -128,6 +129,14 @@ if [[ ",$PARTS," == *",bench,"* ]]; then
       --contender-timeout 170 ${BENCH_ARGS:-}
   fi
   [[ -f "$WORK/bench/bench.md" ]] && cat "$WORK/bench/bench.md" >>"$SUMMARY"
+fi
+
+if [[ ",$PARTS," == *",zero3,"* ]]; then
+  # The large size's training side alone, per DeepSpeed file (~1 min each; makes the model if absent).
+  run_part zero3-model 300 "$PY" bench/grpo_step.py --out "$WORK/zero3-model" --make-model
+  run_part zero3 "${ZERO3_LIMIT:-330}" "$PY" bench/zero3_train_step.py --model /tmp/models/random-large \
+    --out "$WORK/zero3" ${ZERO3_ARGS:-}
+  [[ -f "$WORK/zero3/zero3.md" ]] && cat "$WORK/zero3/zero3.md" >>"$SUMMARY"
 fi
 
 if [[ ",$PARTS," == *",bench-large,"* ]]; then

@@ -80,5 +80,6 @@ def test_product_deepspeed_file_is_the_operators_one_gpu_render():
     zero = grpo_step.product_deepspeed()["zero_optimization"]
     assert zero["stage"] == 3
     assert zero["stage3_param_persistence_threshold"] == EVERY_PARAMETER
+    assert zero["memory_efficient_linear"] is False
     assert zero["offload_param"]["device"] == "none" and zero["offload_optimizer"]["device"] == "none"
     assert grpo_step.PLAIN_DEEPSPEED["zero_optimization"] == {"stage": 3}

@@ -18,23 +18,36 @@ from colocgrpo_operator.api.naming import CONFIG_MOUNT_DIR, DEEPSPEED_CONFIG_KEY
 # A ZeRO-3 parameter at or under this many elements is never released after use. DeepSpeed's
 # int maximum: every parameter, whatever the model.
 EVERY_PARAMETER = 2**63 - 1
+# DeepSpeed's own default gradient bucket (elements). transformers' "auto" is hidden_size²
+# (16.8M at hidden 4096): ~430 bucket flushes per backward of a 7B model.
+DEEPSPEED_DEFAULT_BUCKET = 500_000_000
 
 
-def persistence_threshold(job: ColocGRPOJob) -> int | str:
-    """ZeRO-3's stage3_param_persistence_threshold for this job.
+def one_gpu_resident(job: ColocGRPOJob) -> bool:
+    """One training process with its parameters on the GPU.
 
-    With one training process and parameters on the GPU, every ZeRO-3 "partition" is the
-    whole parameter, so keeping all of them resident costs no memory. Releasing them does
-    cost time: each re-fetch of a module's parameters ends in a CUDA stream synchronize
-    (DeepSpeed 0.19's no-gather handle), three times per micro-batch (forward, checkpoint
-    recompute, backward), which stops the CPU from running ahead of the GPU. With several
-    processes, or parameters offloaded to the CPU, releasing is what saves memory:
-    transformers' "auto" (10 × hidden size) applies.
+    Then every ZeRO-3 "partition" is a whole parameter, so ZeRO-3 saves no memory and its
+    machinery is pure overhead, most of it on the CPU (issue 8's profile at 7.18B: the GPU
+    was busy ~1.0 s of a ~3 s train-only step). The knobs `one_gpu_zero3` sets remove what
+    can be removed without leaving ZeRO-3 (the checkpoints, the weight push and
+    `zeroStage` keep meaning what they mean for larger jobs).
     """
-    deepspeed = job.spec.deepspeed
-    if job.world_size == 1 and deepspeed.offload_params == "none":
-        return EVERY_PARAMETER
-    return "auto"
+    return job.world_size == 1 and job.spec.deepspeed.offload_params == "none"
+
+
+def one_gpu_zero3() -> dict[str, Any]:
+    return {
+        # Keep every parameter resident: releasing saves nothing here, and each re-fetch
+        # ends in a CUDA stream synchronize (DeepSpeed 0.19's no-gather handle), three
+        # times per micro-batch (forward, checkpoint recompute, backward).
+        "stage3_param_persistence_threshold": EVERY_PARAMETER,
+        # DeepSpeed's replacement for F.linear (a Python autograd function, installed for
+        # the whole process — vLLM's layers included) only avoids keeping weights alive for
+        # the backward pass, and here they are alive anyway.
+        "memory_efficient_linear": False,
+        # Nothing is communicated with one process: a bucket is only a flush.
+        "reduce_bucket_size": DEEPSPEED_DEFAULT_BUCKET,
+    }
 
 
 def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
@@ -51,13 +64,15 @@ def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
             {
                 "offload_param": {"device": deepspeed.offload_params, "pin_memory": True},
                 "stage3_prefetch_bucket_size": "auto",
-                "stage3_param_persistence_threshold": persistence_threshold(job),
+                "stage3_param_persistence_threshold": "auto",
                 "stage3_max_live_parameters": 1_000_000_000,
                 "stage3_max_reuse_distance": 1_000_000_000,
                 # Needed to save the final model as a Hugging Face checkpoint from ZeRO-3 shards.
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
+        if one_gpu_resident(job):
+            zero.update(one_gpu_zero3())
     return {
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},

@@ -1,0 +1,46 @@
+"""bench/zero3_train_step.py measures the DeepSpeed files it says it measures: its `product`
+is the operator's one-GPU render, and `auto` the multi-GPU render, with transformers' "auto"
+values resolved."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import yaml
+
+from colocgrpo_operator.api import parse_job
+from colocgrpo_operator.render import deepspeed_config
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("zero3_train_step", REPO / "bench" / "zero3_train_step.py")
+zero3 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(zero3)
+
+HIDDEN = 4096
+RESOLVED_AUTO = {
+    "reduce_bucket_size": HIDDEN * HIDDEN,
+    "stage3_prefetch_bucket_size": int(0.9 * HIDDEN * HIDDEN),
+    "stage3_param_persistence_threshold": 10 * HIDDEN,
+}
+
+
+def rendered_zero(gpus: int) -> dict:
+    job = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
+    job["spec"]["resources"] = {"nodes": 1, "gpusPerNode": gpus}
+    job["spec"]["vllm"]["tensorParallelSize"] = 1
+    zero = deepspeed_config(parse_job(job))["zero_optimization"]
+    # Offload blocks with device "none" and the save-time gather change nothing in a step.
+    for key in ("offload_optimizer", "offload_param", "stage3_gather_16bit_weights_on_model_save"):
+        zero.pop(key)
+    return {k: RESOLVED_AUTO.get(k, v) if v == "auto" else v for k, v in zero.items()}
+
+
+def test_product_and_auto_are_the_operators_renders():
+    sections = zero3.zero_sections(HIDDEN)
+    assert set(sections) == set(zero3.FILES)
+    assert sections["product"] == rendered_zero(gpus=1)
+    assert sections["auto"] == rendered_zero(gpus=2)
+    assert sections["plain"] == {"stage": 3}
+    # Each intermediate file adds one knob of the product's.
+    assert set(sections["persist-nomel"]) - set(sections["persist"]) == {"memory_efficient_linear"}
