@@ -94,6 +94,7 @@ def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_name
     assert spec_valid["reason"] == "InvalidSpec"
     assert "spec.rewards[0].function" in spec_valid["message"]
     assert condition(failed, "Failed")["reason"] == "InvalidSpec"
+    assert failed["status"]["workers"]["gpus"] == 0  # the GPUs printer column reads 0, not blank
     time.sleep(1)
     assert cluster.batch_jobs(ns, name) == []
     assert cluster.list("/api/v1", "configmaps", ns, f"colocgrpo.io/job-name={name}") == []

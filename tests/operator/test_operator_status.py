@@ -370,6 +370,7 @@ def test_invalid_spec_status_names_fields_and_revives_when_fixed():
     assert status["phase"] == "Failed"
     assert cond(status, "SpecValid")["reason"] == "InvalidSpec"
     assert "spec.vllm.tensorParallelSize" in cond(status, "SpecValid")["message"]
+    assert status["workers"] == {"active": 0, "ready": 0, "succeeded": 0, "failed": 0, "gpus": 0}  # GPUs column: 0
     fixed = assess(RunFacts(nodes=1, generation=2), None, [], status, NOW)
     assert fixed.phase == "Pending"
     assert fixed.action is Action.CREATE_JOB

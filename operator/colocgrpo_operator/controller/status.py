@@ -415,8 +415,9 @@ def invalid_spec_status(previous: dict[str, Any] | None, problems: list[tuple[st
     conditions = set_condition(conditions, "SpecValid", False, "InvalidSpec", message, now, generation)
     conditions = set_condition(conditions, "Running", False, "InvalidSpec", "no pods are created for an invalid spec", now, generation)
     conditions = set_condition(conditions, "Failed", True, "InvalidSpec", message, now, generation)
+    # No pods exist for an invalid spec: zero workers, so `kubectl get cgj` shows GPUs 0, not blank.
     base.update(phase=FAILED, message=_truncate(f"invalid spec: {message}"), conditions=conditions,
-                observedGeneration=generation)
+                observedGeneration=generation, workers=workers_of([], 0))
     return base
 
 
