@@ -154,8 +154,9 @@ PLAIN_DEEPSPEED = {
 }
 
 
-def product_deepspeed() -> dict:
-    """deepspeed.json as the operator renders it for a one-GPU job (TP 1, nothing offloaded)."""
+def product_deepspeed(offload_trainer_state: bool = False) -> dict:
+    """deepspeed.json as the operator renders it for a one-GPU job (TP 1), with or without
+    `vllm.offloadTrainerState` (the `-offload` contenders)."""
     import yaml
 
     from colocgrpo_operator.api import parse_job
@@ -164,7 +165,16 @@ def product_deepspeed() -> dict:
     job = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
     job["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 1}
     job["spec"]["vllm"]["tensorParallelSize"] = 1
+    job["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
     return deepspeed_config(parse_job(job))
+
+
+def deepspeed_file_key(contender: str) -> str:
+    """Which written file a contender's launcher gets: its choice, and for our `-offload`
+    contenders the product render of a job that offloads trainer state."""
+    choice = deepspeed_choice(contender)
+    offload = contender.partition("@")[0].endswith("-offload")
+    return f"{choice}-offload" if choice == "product" and offload else choice
 
 
 def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False, config: dict = CONFIG, util: float | None = None):
@@ -430,14 +440,14 @@ def write_report(out: Path, machine: dict, results: list[dict], warmup: int, mea
     ]  # fmt: skip
     for r in results:
         if "median_s_per_step" not in r:
-            lines.append(f"| {r['contender']} | {deepspeed_choice(r['contender'])} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
+            lines.append(f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
             continue
         b = r["breakdown_total_seconds"]
         profiled = set(r.get("profiled_steps", ()))
         measured_times = [t for i, t in enumerate(r["step_times"]) if i >= r["warmup_steps"] and i + 1 not in profiled] or r["step_times"]
         logp = r.get("logp_diff")
         lines.append(
-            f"| {r['contender']} | {deepspeed_choice(r['contender'])} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
+            f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
             f"{statistics.mean(measured_times):.3f} | {r.get('peak_device_bytes_sampled', 0) / 2**30:.1f} | "
             + " | ".join(f"{b.get('generation/' + k, float('nan')):.3f}" for k in ("push_seconds", "sleep_seconds", "wake_seconds", "generate_seconds", "offload_seconds"))
             + f" | {logp if logp is None else f'{logp:.4f}'} |"
@@ -579,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         model_info["util_ladder"] = ladder
     deepspeed_files = {}
-    for choice, config in (("plain", PLAIN_DEEPSPEED), ("product", product_deepspeed())):
+    for choice, config in (("plain", PLAIN_DEEPSPEED), ("product", product_deepspeed()),
+                           ("product-offload", product_deepspeed(offload_trainer_state=True))):
         deepspeed_files[choice] = out / f"deepspeed-{choice}.json"
         deepspeed_files[choice].write_text(json.dumps(config, indent=2))
     results: list[dict] = []
@@ -603,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir(parents=True, exist_ok=True)
             cmd = [
                 sys.executable, "-m", "accelerate.commands.launch",
-                "--use_deepspeed", "--deepspeed_config_file", str(deepspeed_files[deepspeed_choice(contender)]),
+                "--use_deepspeed", "--deepspeed_config_file", str(deepspeed_files[deepspeed_file_key(contender)]),
                 "--zero3_init_flag", "true",
                 "--num_processes", "1", "--mixed_precision", "no" if args.cpu else "bf16",
                 str(Path(__file__).resolve()), "--worker", contender, "--out", str(work), "--size", args.size,
@@ -619,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0 and (work / "result.json").exists():
                 result = json.loads((work / "result.json").read_text())
                 result["wall_s"] = wall
-                result["deepspeed"] = deepspeed_choice(contender)
+                result["deepspeed"] = deepspeed_file_key(contender)
                 print(f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step at util {util} ({wall:.0f} s wall)", flush=True)
                 break
             tail = (work / "stderr.log").read_text(errors="replace")[-3000:]

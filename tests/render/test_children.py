@@ -90,9 +90,10 @@ def test_config_map_has_exactly_the_three_files_and_no_secrets(seed):
     assert deepspeed["gradient_accumulation_steps"] == "auto"  # one source of truth: GRPOConfig
 
 
-def one_gpu_job(**deepspeed) -> dict:
+def one_gpu_job(offload_trainer_state: bool = False, **deepspeed) -> dict:
     obj = load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 1, "gpusPerNode": 1})
     obj["spec"]["vllm"]["tensorParallelSize"] = 1
+    obj["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
     if deepspeed:
         obj["spec"]["deepspeed"] = deepspeed
     return obj
@@ -108,8 +109,10 @@ def one_gpu_job(**deepspeed) -> dict:
         (load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 2, "gpusPerNode": 4}), False),
         # Parameters offloaded to the CPU must go back to it after use.
         (one_gpu_job(offloadParams="cpu"), False),
+        # offload_states moves partitions, not a resident parameter's view of one.
+        (one_gpu_job(offload_trainer_state=True), False),
     ],
-    ids=["one-gpu", "eight-gpus", "two-nodes", "one-gpu-param-offload"],
+    ids=["one-gpu", "eight-gpus", "two-nodes", "one-gpu-param-offload", "one-gpu-trainer-state-offload"],
 )
 def test_zero3_settings_follow_world_size_and_offload(obj, one_gpu):
     zero = json.loads(children_by_kind(obj)["ConfigMap"]["data"]["deepspeed.json"])["zero_optimization"]

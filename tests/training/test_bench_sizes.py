@@ -83,3 +83,9 @@ def test_product_deepspeed_file_is_the_operators_one_gpu_render():
     assert zero["memory_efficient_linear"] is False
     assert zero["offload_param"]["device"] == "none" and zero["offload_optimizer"]["device"] == "none"
     assert grpo_step.PLAIN_DEEPSPEED["zero_optimization"] == {"stage": 3}
+    # An offloading contender gets the render of an offloading job: ZeRO-3's usual release.
+    offloading = grpo_step.product_deepspeed(offload_trainer_state=True)["zero_optimization"]
+    assert offloading["stage3_param_persistence_threshold"] == "auto"
+    assert grpo_step.deepspeed_file_key("ours-auto-offload") == "product-offload"
+    assert grpo_step.deepspeed_file_key("ours-auto") == "product"
+    assert grpo_step.deepspeed_file_key("trl-sleep") == "plain"

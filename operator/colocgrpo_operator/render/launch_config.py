@@ -24,15 +24,23 @@ DEEPSPEED_DEFAULT_BUCKET = 500_000_000
 
 
 def one_gpu_resident(job: ColocGRPOJob) -> bool:
-    """One training process with its parameters on the GPU.
+    """One training process with its parameters on the GPU, and kept there while vLLM generates.
 
     Then every ZeRO-3 "partition" is a whole parameter, so ZeRO-3 saves no memory and its
     machinery is pure overhead, most of it on the CPU (issue 8's profile at 7.18B: the GPU
     was busy ~1.0 s of a ~3 s train-only step). The knobs `one_gpu_zero3` sets remove what
     can be removed without leaving ZeRO-3 (the checkpoints, the weight push and
     `zeroStage` keep meaning what they mean for larger jobs).
+
+    Not with `vllm.offloadTrainerState`: DeepSpeed's offload_states moves each parameter's
+    partition but not a resident parameter's own view of it, so the GPU copy would stay
+    alive (nothing offloaded) and reload_states would allocate a second one beside it.
     """
-    return job.world_size == 1 and job.spec.deepspeed.offload_params == "none"
+    return (
+        job.world_size == 1
+        and job.spec.deepspeed.offload_params == "none"
+        and not job.spec.vllm.offload_trainer_state
+    )
 
 
 def one_gpu_zero3() -> dict[str, Any]:
