@@ -12,9 +12,9 @@ from colocgrpo_operator.devcluster.kwokctl_config import FAKE_LOG_LINES
 pytestmark = pytest.mark.cluster
 
 
-def running_pod(kube_cluster, namespace: str, name: str, containers: int = 1):
+def running_pod(kube_cluster, namespace: str, name: str, containers: int = 1, finalizers: list[str] | None = None):
     kube_cluster.core_v1.create_namespaced_pod(namespace, {
-        "metadata": {"name": name},
+        "metadata": {"name": name, "finalizers": finalizers or []},
         "spec": {"restartPolicy": "Never", "containers": [
             {"name": f"c{i}", "image": "example.invalid/none"} for i in range(containers)]},
     })
@@ -66,12 +66,15 @@ def test_kubectl_logs_of_a_fake_pod(kube_cluster, namespace):
 def test_eviction_api_marks_deletes_and_terminates(kube_cluster, namespace):
     from kubernetes import client
 
-    running_pod(kube_cluster, namespace, "api-evicted")
+    # A finalizer holds the pod until its marks are read: KWOK can otherwise remove it before the read.
+    hold = "colocgrpo.io/test-hold"
+    running_pod(kube_cluster, namespace, "api-evicted", finalizers=[hold])
     kube_cluster.core_v1.create_namespaced_pod_eviction("api-evicted", namespace, client.V1Eviction(
         metadata=client.V1ObjectMeta(name="api-evicted", namespace=namespace)))
     pod = kube_cluster.core_v1.read_namespaced_pod("api-evicted", namespace)
     assert pod.metadata.deletion_timestamp is not None
     assert any(c.type == "DisruptionTarget" and c.reason == "EvictionByEvictionAPI" for c in pod.status.conditions)
+    kube_cluster.core_v1.patch_namespaced_pod("api-evicted", namespace, {"metadata": {"finalizers": None}})
 
     def gone():
         return not kube_cluster.core_v1.list_namespaced_pod(
