@@ -158,6 +158,30 @@ def test_cost_model_priors_then_ewma():
     assert model.seconds[CostKind.PUSH] == pytest.approx(0.7 * 1.0 + 0.3 * 2.0)
 
 
+def test_first_level1_sleep_is_a_one_off_not_the_steady_cost():
+    model = CostModel.from_weight_bytes(14 * 1024**3)  # ~7B in bf16
+    prior = model.seconds[CostKind.SLEEP1]
+    model.record(CostKind.SLEEP1, 6.5)  # pinned host buffers allocated (measured at 7.18B)
+    assert model.one_off[CostKind.SLEEP1] == 6.5
+    assert model.seconds[CostKind.SLEEP1] == prior
+    model.record(CostKind.SLEEP1, 0.30)  # the steady cost replaces the prior
+    assert model.seconds[CostKind.SLEEP1] == 0.30
+    model.record(CostKind.SLEEP1, 0.40)
+    assert model.seconds[CostKind.SLEEP1] == pytest.approx(0.7 * 0.30 + 0.3 * 0.40)
+    model.record(CostKind.SLEEP2, 0.05)  # other kinds: the first sample counts
+    assert model.seconds[CostKind.SLEEP2] == 0.05 and CostKind.SLEEP2 not in model.one_off
+
+
+def test_auto_tries_level1_again_after_its_slow_first_sleep():
+    # A slow push (many nodes) makes a level-1 round trip the cheaper one, unless the first
+    # level-1 sleep's one-off were taken for its steady cost.
+    model = CostModel.from_weight_bytes(1024**3)
+    model.record(CostKind.PUSH, 10.0)
+    assert choose_sleep_level(SleepPolicy.AUTO, False, model).level == 1
+    model.record(CostKind.SLEEP1, 20.0)
+    assert choose_sleep_level(SleepPolicy.AUTO, False, model).level == 1
+
+
 def test_auto_decision_follows_measured_costs():
     model = CostModel.from_weight_bytes(1024**3)
     assert choose_sleep_level(SleepPolicy.AUTO, False, model).level == 2
