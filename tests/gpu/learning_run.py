@@ -71,18 +71,25 @@ FALLBACK_DEEPSPEED = {
 }
 
 
-def launch_files(work: Path, num_processes: int) -> tuple[dict, dict, str]:
-    """deepspeed.json and accelerate.yaml as the operator renders them for a GPU job, with the
-    topology of this one machine. accelerate refuses a config that sets mixed_precision next
-    to a deepspeed_config_file, and so does the rendering: precision lives in GRPOConfig."""
+def launch_files(work: Path, num_processes: int, offload_trainer_state: bool = False) -> tuple[dict, dict, str]:
+    """deepspeed.json and accelerate.yaml as the operator renders them for a GPU job with the
+    topology of this one machine (one node, `num_processes` GPUs, vLLM TP 1) and the run's
+    trainer-state offload: a one-GPU run gets the ZeRO-3 file a one-GPU job gets. accelerate refuses a config that sets
+    mixed_precision next to a deepspeed_config_file, and so does the rendering: precision
+    lives in GRPOConfig."""
     try:
         import yaml
 
         from colocgrpo_operator.api import parse_job
         from colocgrpo_operator.render import accelerate_config, deepspeed_config
 
-        job = parse_job(yaml.safe_load(RENDER_EXAMPLE.read_text()))
-        ds, acc, source = deepspeed_config(job), accelerate_config(job), f"operator render of {RENDER_EXAMPLE.name}"
+        obj = yaml.safe_load(RENDER_EXAMPLE.read_text())
+        obj["spec"]["resources"] = {"nodes": 1, "gpusPerNode": num_processes}
+        obj["spec"]["vllm"]["tensorParallelSize"] = 1
+        obj["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
+        job = parse_job(obj)
+        ds, acc = deepspeed_config(job), accelerate_config(job)
+        source = f"operator render of {RENDER_EXAMPLE.name} on 1 node x {num_processes} GPUs"
     except Exception as err:  # noqa: BLE001 - any import/parse failure: fall back, say so
         ds = FALLBACK_DEEPSPEED
         acc = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "main_training_function": "main"}
@@ -139,7 +146,7 @@ def write_inputs(
     }
     path = work / "grpo.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    ds, acc, source = launch_files(work, int(os.environ.get("COLOCGRPO_NUM_GPUS", "1")))
+    ds, acc, source = launch_files(work, int(os.environ.get("COLOCGRPO_NUM_GPUS", "1")), offload_trainer_state=offload)
     (work / "deepspeed.json").write_text(json.dumps(ds, indent=2))
     (work / "accelerate.yaml").write_text(yaml.safe_dump(acc, sort_keys=False))
     return path, source
