@@ -466,3 +466,13 @@ def test_workers_completing_before_the_job_says_complete_are_still_running():
     assert cond(result.status, "Running")["reason"] == "Finishing"
     all_done = assess(FACTS, batch_job(), [pod(0, "Succeeded"), pod(1, "Succeeded")], None, NOW)
     assert all_done.phase == "Running"
+
+
+def test_terminal_phase_check_takes_any_value():
+    # Housekeeping reads status.phase straight from the cluster's objects.
+    from colocgrpo_operator.controller.housekeeping import ttl_deadline
+
+    for phase in ([], {}, None, 3, "Succeeded"):
+        cr = {"status": {"phase": phase, "completionTime": "2026-01-02T03:04:05Z"}, "spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}}}
+        deadline = ttl_deadline(cr)
+        assert (deadline is not None) == (phase == "Succeeded")

@@ -29,7 +29,9 @@ RUNNING = Phase.RUNNING.value
 RESTARTING = Phase.RESTARTING.value
 SUCCEEDED = Phase.SUCCEEDED.value
 FAILED = Phase.FAILED.value
-TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
+# A tuple, not a set: `phase in TERMINAL_PHASES` must be False, not a TypeError, for whatever a
+# status read from the cluster holds (an unhashable list, say).
+TERMINAL_PHASES = (SUCCEEDED, FAILED)
 
 # Condition types, in the order they are listed in status.conditions (the API enum's order).
 CONDITION_TYPES = tuple(condition_type.value for condition_type in ConditionType)
