@@ -429,10 +429,6 @@ def _carry_over(previous: dict[str, Any] | None) -> dict[str, Any]:
     previous.pop("progress", None)
     conditions = [c for c in previous.get("conditions") or [] if isinstance(c, dict)]
     previous["conditions"] = conditions
-    # A hand-edited status can hold anything: a phase that is not a string is no phase
-    # (it is compared with sets of phases, and a list there is unhashable).
-    if not isinstance(previous.get("phase"), str):
-        previous.pop("phase", None)
     return previous
 
 
