@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from child_process import install_stop_handlers, run_child  # noqa: E402 - bench/ is not a package
+from machine_job import machine_job  # noqa: E402
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
 # Fixed before the first run (issue 8: no tuning to the numbers). `small` ran on 2026-12-02
@@ -75,6 +76,7 @@ SIZES = {
     },
 }
 CONFIG = SIZES["small"]
+PROMPT_TOKENS = 40  # chat-formatted "What is a + b? Explain." for SmolLM2's template
 # Llama-shaped decoders with SmolLM2's vocabulary (49152, tied embeddings). The largest whose
 # ZeRO-3 training state (bf16 weights + bf16 grads + fp32 master + two fp32 Adam moments:
 # 16 bytes per parameter) fits in 85 % of the card is built, so that vLLM's share is what
@@ -157,16 +159,9 @@ PLAIN_DEEPSPEED = {
 def product_deepspeed(offload_trainer_state: bool = False) -> dict:
     """deepspeed.json as the operator renders it for a one-GPU job (TP 1), with or without
     `vllm.offloadTrainerState` (the `-offload` contenders)."""
-    import yaml
-
-    from colocgrpo_operator.api import parse_job
     from colocgrpo_operator.render import deepspeed_config
 
-    job = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
-    job["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 1}
-    job["spec"]["vllm"]["tensorParallelSize"] = 1
-    job["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
-    return deepspeed_config(parse_job(job))
+    return deepspeed_config(machine_job(gpus=1, offload_trainer_state=offload_trainer_state))
 
 
 def deepspeed_file_key(contender: str) -> str:
@@ -414,8 +409,7 @@ def measure_machine() -> dict:
 def floor_seconds(machine: dict, params: int, config: dict = CONFIG) -> dict:
     """Per optimizer step: decode bytes ÷ HBM bandwidth + 6 · params · tokens ÷ bf16 FLOP/s."""
     completions = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
-    prompt_tokens = 40  # chat-formatted "What is a + b? Explain." for SmolLM2's template
-    tokens = completions * (prompt_tokens + config["max_completion_length"])
+    tokens = completions * (PROMPT_TOKENS + config["max_completion_length"])
     # One generation serves steps_per_generation micro-batches, i.e. several optimizer steps.
     generations_per_step = config["gradient_accumulation_steps"] / config["steps_per_generation"]
     decode_bytes = params * 2 * config["max_completion_length"] * generations_per_step

@@ -32,17 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from child_process import install_stop_handlers, run_child  # noqa: E402 - bench/ is not a package
-
-PROMPT_TOKENS = 40  # as grpo_step.floor_seconds: SmolLM2's chat template around "What is a + b? Explain."
-
-
-def large_size() -> dict:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("grpo_step", REPO / "bench" / "grpo_step.py")
-    grpo_step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grpo_step)
-    return grpo_step.SIZES["large"]
+from grpo_step import PROMPT_TOKENS, SIZES  # noqa: E402
 
 
 def zero_sections(hidden: int) -> dict[str, dict]:
@@ -73,7 +63,7 @@ def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> 
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
-    size = large_size()
+    size = SIZES["large"]
     hidden = AutoConfig.from_pretrained(model_dir).hidden_size
     rows, accumulation = size["per_device_train_batch_size"], size["gradient_accumulation_steps"]
     config = {

@@ -7,15 +7,14 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import yaml
-
-from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.render import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("zero3_train_step", REPO / "bench" / "zero3_train_step.py")
 zero3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(zero3)
+_spec.loader.exec_module(zero3)  # puts bench/ on sys.path
+
+from machine_job import machine_job  # noqa: E402
 
 HIDDEN = 4096
 RESOLVED_AUTO = {
@@ -26,10 +25,7 @@ RESOLVED_AUTO = {
 
 
 def rendered_zero(gpus: int) -> dict:
-    job = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
-    job["spec"]["resources"] = {"nodes": 1, "gpusPerNode": gpus}
-    job["spec"]["vllm"]["tensorParallelSize"] = 1
-    zero = deepspeed_config(parse_job(job))["zero_optimization"]
+    zero = deepspeed_config(machine_job(gpus=gpus))["zero_optimization"]
     # Offload blocks with device "none" and the save-time gather change nothing in a step.
     for key in ("offload_optimizer", "offload_param", "stage3_gather_16bit_weights_on_model_save"):
         zero.pop(key)

@@ -36,8 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 from child_process import install_stop_handlers, run_child  # noqa: E402 - shared with bench/grpo_step.py
+from machine_job import EXAMPLE, machine_job  # noqa: E402 - the job bench/grpo_step.py launches as too
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
-RENDER_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
 
 REWARD_MODULE = textwrap.dedent(
     '''
@@ -73,23 +73,16 @@ FALLBACK_DEEPSPEED = {
 
 def launch_files(work: Path, num_processes: int, offload_trainer_state: bool = False) -> tuple[dict, dict, str]:
     """deepspeed.json and accelerate.yaml as the operator renders them for a GPU job with the
-    topology of this one machine (one node, `num_processes` GPUs, vLLM TP 1) and the run's
-    trainer-state offload: a one-GPU run gets the ZeRO-3 file a one-GPU job gets. accelerate refuses a config that sets
-    mixed_precision next to a deepspeed_config_file, and so does the rendering: precision
-    lives in GRPOConfig."""
+    topology of this one machine and the run's trainer-state offload (bench/machine_job.py):
+    a one-GPU run gets the ZeRO-3 file a one-GPU job gets. accelerate refuses a config that
+    sets mixed_precision next to a deepspeed_config_file, and so does the rendering:
+    precision lives in GRPOConfig."""
     try:
-        import yaml
-
-        from colocgrpo_operator.api import parse_job
         from colocgrpo_operator.render import accelerate_config, deepspeed_config
 
-        obj = yaml.safe_load(RENDER_EXAMPLE.read_text())
-        obj["spec"]["resources"] = {"nodes": 1, "gpusPerNode": num_processes}
-        obj["spec"]["vllm"]["tensorParallelSize"] = 1
-        obj["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
-        job = parse_job(obj)
+        job = machine_job(gpus=num_processes, offload_trainer_state=offload_trainer_state)
         ds, acc = deepspeed_config(job), accelerate_config(job)
-        source = f"operator render of {RENDER_EXAMPLE.name} on 1 node x {num_processes} GPUs"
+        source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs"
     except Exception as err:  # noqa: BLE001 - any import/parse failure: fall back, say so
         ds = FALLBACK_DEEPSPEED
         acc = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "main_training_function": "main"}

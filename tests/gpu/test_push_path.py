@@ -45,12 +45,12 @@ STEPS = 3
 ZERO3_LAYOUT = os.environ.get("COLOCGRPO_PUSH_ZERO3_LAYOUT", "product")
 
 
-def _persistence_threshold() -> int:
+def _zero_section() -> dict:
     if ZERO3_LAYOUT == "plain":
-        return 100_000
+        return {"stage": 3}
     from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
 
-    return EVERY_PARAMETER
+    return {"stage": 3, "stage3_param_persistence_threshold": EVERY_PARAMETER}
 
 
 def _free_port() -> int:
@@ -71,7 +71,7 @@ def zero3_engine():
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": _persistence_threshold()},
+        "zero_optimization": _zero_section(),
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     yield engine
