@@ -1,6 +1,6 @@
 """GRPO step time: TRL 1.16's colocate mode against ours, on one CUDA machine (issue 8).
 
-    python3 bench/grpo_step.py --out DIR [--contenders trl-sleep,trl-nosleep,ours-auto,...]
+    python3 -m bench.grpo_step --out DIR [--contenders trl-sleep,trl-nosleep,ours-auto,...]
                                [--warmup-steps N --measured-steps M] [--budget-seconds S]
 
 Each contender runs in its own `accelerate launch` (DeepSpeed ZeRO-3) process with the same
@@ -38,9 +38,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-from child_process import install_stop_handlers, run_child  # noqa: E402 - bench/ is not a package
-from machine_job import machine_job  # noqa: E402
+from bench.child_process import install_stop_handlers, run_child
+from bench.machine_job import machine_job
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
 # Fixed before the first run (issue 8: no tuning to the numbers). `small` ran on 2026-12-02
@@ -551,14 +550,14 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     env = dict(
         os.environ,
-        PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
+        PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
         VLLM_USE_FLASHINFER_SAMPLER="0",
         PYTHONUNBUFFERED="1",
     )
     # Its own process, so that the parent holds no GPU memory while the contenders run.
     machine: dict = {}
     if not args.cpu:
-        code, timed_out = run_child([sys.executable, __file__, "--out", str(out), "--measure-machine"], env, out, 120)
+        code, timed_out = run_child([sys.executable, "-m", "bench.grpo_step", "--out", str(out), "--measure-machine"], env, out, 120)
         if code == 0 and (out / "machine.json").exists():
             machine = json.loads((out / "machine.json").read_text())
         else:
@@ -566,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     model_info: dict = {"path": MODEL}
     ladder: list[float | None] = [None]  # the size's fixed utilization
     if args.size == "large":
-        code, timed_out = run_child([sys.executable, __file__, "--out", str(out), "--make-model",
+        code, timed_out = run_child([sys.executable, "-m", "bench.grpo_step", "--out", str(out), "--make-model",
                                      "--model-dir", str(args.model_dir)], env, out, 400)  # fmt: skip
         if code != 0 or not (out / "model.json").exists():
             print(f"[bench] making the large model failed (rc {code}, timed out {timed_out}):\n"
@@ -611,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--use_deepspeed", "--deepspeed_config_file", str(deepspeed_files[deepspeed_file_key(contender)]),
                 "--zero3_init_flag", "true",
                 "--num_processes", "1", "--mixed_precision", "no" if args.cpu else "bf16",
-                str(Path(__file__).resolve()), "--worker", contender, "--out", str(work), "--size", args.size,
+                "--module", "bench.grpo_step", "--worker", contender, "--out", str(work), "--size", args.size,
                 "--model", model_info["path"],
                 "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps),
                 "--profile-steps", args.profile_steps,

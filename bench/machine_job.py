@@ -2,7 +2,7 @@
 
 `examples/seed-qwen14b-tp4.yaml` re-shaped to one node of `gpus` GPUs with vLLM TP 1 (and,
 optionally, trainer-state offload), so bench/grpo_step.py, bench/zero3_train_step.py's check
-and tests/gpu/learning_run.py train under the files the operator renders for that shape.
+and tests/gpu/drivers/learning_run.py train under the files the operator renders for that shape.
 """
 
 from __future__ import annotations

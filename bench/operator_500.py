@@ -9,7 +9,7 @@ Measures, against the local control plane (or any cluster via --kubeconfig):
 - API requests per job: the operator's own handler requests (its request counter), and the
   apiserver's `apiserver_request_total` delta (all clients, and for colocgrpojobs only).
 
-Usage: python bench/operator_500.py [--count 500] [--kubeconfig FILE] [--suspended] [--keep] [--operator-src DIR]
+Usage: python -m bench.operator_500 [--count 500] [--kubeconfig FILE] [--suspended] [--keep] [--operator-src DIR]
 Results go to stdout as JSON; docs/benchmarks/operator.md records a run.
 """
 
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "training")]
 
 
 def free_port() -> int:

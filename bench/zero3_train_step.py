@@ -1,6 +1,6 @@
 """The training side alone: one optimizer step of the large size under ZeRO-3, per DeepSpeed file (issue 8).
 
-    python3 bench/zero3_train_step.py --model DIR --out DIR [--files plain,product,...]
+    python3 -m bench.zero3_train_step --model DIR --out DIR [--files plain,product,...]
 
 bench/grpo_step.py showed that at 7.18B most of a GRPO step is the training side, and its
 profile that the GPU is busy for only about a third of a train-only step: the rest is
@@ -30,9 +30,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-from child_process import install_stop_handlers, run_child  # noqa: E402 - bench/ is not a package
-from grpo_step import PROMPT_TOKENS, SIZES  # noqa: E402
+from bench.child_process import install_stop_handlers, run_child
+from bench.grpo_step import PROMPT_TOKENS, SIZES
 
 
 def zero_sections(hidden: int) -> dict[str, dict]:
@@ -122,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     install_stop_handlers()
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
-               PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}", PYTHONUNBUFFERED="1")  # fmt: skip
+               PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}", PYTHONUNBUFFERED="1")  # fmt: skip
     results = []
     for name in names:
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--out", str(work),
+        cmd = [sys.executable, "-m", "bench.zero3_train_step", "--worker", name, "--model", args.model, "--out", str(work),
                "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps)]  # fmt: skip
         code, timed_out = run_child(cmd, env, work, args.timeout)
         if code == 0 and (work / "result.json").exists():

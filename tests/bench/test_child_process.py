@@ -8,8 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from child_process import run_child  # noqa: E402
+from bench.child_process import run_child
 
 
 def test_child_output_and_exit_code(tmp_path):

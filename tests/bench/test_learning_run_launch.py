@@ -1,17 +1,11 @@
-"""tests/gpu/learning_run.py launches the trainer under the files the operator renders for the
+"""tests/gpu/drivers/learning_run.py launches the trainer under the files the operator renders for the
 machine's own topology, so the GPU learning proof runs what a job of that shape would run."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("learning_run", REPO / "tests" / "gpu" / "learning_run.py")
-learning_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(learning_run)
+from gpu.drivers import learning_run
 
 
 @pytest.mark.parametrize(("gpus", "offload", "one_gpu_file"), [(1, False, True), (1, True, False), (2, False, False)])

@@ -4,17 +4,9 @@ values resolved."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+from bench import zero3_train_step as zero3
+from bench.machine_job import machine_job
 from colocgrpo_operator.render import deepspeed_config
-
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("zero3_train_step", REPO / "bench" / "zero3_train_step.py")
-zero3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(zero3)  # puts bench/ on sys.path
-
-from machine_job import machine_job  # noqa: E402
 
 HIDDEN = 4096
 RESOLVED_AUTO = {

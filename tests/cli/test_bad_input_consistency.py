@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from colocgrpo_operator.api import JobSpecError, parse_job
-from cli_runner import run_colocgrpo as colocgrpo
+from support.cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 BAD_INPUT_EXIT = {"validate": 1, "render": 1, "plan": 2}

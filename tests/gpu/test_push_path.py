@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_requirements import unavailable
+from support.gpu_requirements import unavailable
 
 pytestmark = pytest.mark.gpu
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_requirements import unavailable
+from support.gpu_requirements import unavailable
 
 pytestmark = pytest.mark.gpu
 
@@ -50,7 +50,7 @@ try:
 except ImportError as err:
     unavailable(f"vLLM does not import ({err})")
 
-from integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402 - after the skips
+from support.integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402 - after the skips
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 POLICIES = [p for p in os.environ.get("COLOCGRPO_INTEGRITY_POLICIES", "off,level1,level2,auto").split(",") if p]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from operator_harness import CRD_FILE, NAMESPACE_PATTERN, Cluster, OperatorProcess
+from support.operator_harness import CRD_FILE, NAMESPACE_PATTERN, Cluster, OperatorProcess
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import yaml
 from colocgrpo_operator.controller import credentials as creds
 from colocgrpo_operator.controller.credentials import CredentialsError, kubeconfig_credentials, load_credentials
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
-from operator_harness import REPO, free_port, tiny_job
+from support.operator_harness import REPO, free_port, tiny_job
 
 # ----------------------------------------------------------------------------- kubeconfig parsing
 

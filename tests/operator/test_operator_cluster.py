@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
 
-from operator_harness import OperatorProcess, condition, tiny_job, wait_for
+from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -401,7 +401,7 @@ def _cli(kube_cluster, *args, timeout=60):
     import subprocess
     import sys
 
-    from operator_harness import REPO
+    from support.operator_harness import REPO
 
     env = dict(__import__("os").environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
     return subprocess.Popen([sys.executable, "-m", "colocgrpo_operator.cli", *args,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_runner import run_colocgrpo as colocgrpo
+from support.cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"

@@ -4,8 +4,6 @@ shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +12,7 @@ pytestmark = pytest.mark.trainer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-_spec = importlib.util.spec_from_file_location("grpo_step", Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py")
-grpo_step = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grpo_step)
+from bench import grpo_step  # noqa: E402 - after the skips
 
 GIB = 2**30
 

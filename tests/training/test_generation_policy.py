@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from colocgrpo_training.config import SleepPolicy
-from colocgrpo_training.generation.fake_engine import (
+from support.fake_engine import (
     FakeClock,
     FakeEngineDriver,
     FakeTrainerModel,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from colocgrpo_training.generation.fake_engine import (
+from support.fake_engine import (
     FakeClock,
     FakeEngineDriver,
     FakeTrainerModel,

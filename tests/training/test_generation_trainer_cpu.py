@@ -1,5 +1,5 @@
 """TRL's real GRPO loop through ColocGRPOTrainer on CPU, with a CPU stand-in for vLLM
-(tests/training/cpu_vllm.py) that really loses weights on a level-2 sleep.
+(tests/support/cpu_vllm.py) that really loses weights on a level-2 sleep.
 
 At every generate the engine's weights are compared with the trainer's weights at that
 moment; a deliberately broken push shows the comparison can fail.
@@ -26,7 +26,7 @@ def run(tiny_model_dir, tmp_path, monkeypatch, policy: str, steps_per_generation
     from colocgrpo_training.config import VLLMSettings
     from colocgrpo_training.generation import ColocGRPOTrainer
 
-    import cpu_vllm
+    from support import cpu_vllm
 
     cpu_vllm.install(monkeypatch)
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}]} for i in range(16)]

@@ -1,20 +1,16 @@
-"""The trainer-side half of the GPU weight-integrity suite (tests/gpu/integrity_checks.py),
+"""The trainer-side half of the GPU weight-integrity suite (tests/support/integrity_checks.py),
 run on CPU with the tiny model: prompt tokens from a transformers-5 chat template, the
 greedy margin, and the weight versions the suite steps through."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.trainer
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
-from integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402
+from support.integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402
 
 PROMPTS = ["What is 2 + 3?", "What is 7 + 5? Think step by step."]
 

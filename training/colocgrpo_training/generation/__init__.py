@@ -3,7 +3,6 @@
 - `policy`: the sleep-policy engine (pure Python): engine record, wake plans, sleep
   decisions, the never-stale invariant, measured costs, counters.
 - `schedules`: TRL training schedules as event sequences (CPU property test and GPU suite).
-- `fake_engine`: a CPU stand-in for vLLM with its sleep semantics.
 - `buckets`, `tp_groups`: pure rules for bucketed weight pushes and TP groups.
 - `ColocatedVLLM` (vllm_engine.py): owns the colocated engine's whole life.
 - `ColocGRPOTrainer` (trainer.py): TRL's GRPOTrainer routed through `ColocatedVLLM`.

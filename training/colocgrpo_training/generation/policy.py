@@ -1,7 +1,7 @@
 """The sleep-policy engine: which weights vLLM holds, and what to do around each generate.
 
 Pure Python (no torch, no vLLM) so that every decision is tested on CPU against a fake
-engine (`fake_engine.py`) over random training schedules (`schedules.py`).
+engine (`tests/support/fake_engine.py`) over random training schedules (`schedules.py`).
 
 Vocabulary
 - *trainer weight version*: a value that changes whenever the trainer's weights change

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_colocgrpo(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

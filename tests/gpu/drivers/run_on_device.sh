@@ -2,12 +2,12 @@
 # GPU proofs (issues 7 + 8) on the GPU machine, after the wheel set is installed
 # (shared/gpu/README.md: install.sh → /tmp/site + /tmp/models/smollm2-135m-instruct).
 #
-#   SMOKE=1 bash tests/gpu/run_on_device.sh                  # every part, minimal (~5 min)
-#   PARTS=integrity,learning bash tests/gpu/run_on_device.sh # full parts (≤ 9 min together)
-#   PARTS=bench bash tests/gpu/run_on_device.sh              # full benchmark (≤ 9 min)
+#   SMOKE=1 bash tests/gpu/drivers/run_on_device.sh                  # every part, minimal (~5 min)
+#   PARTS=integrity,learning bash tests/gpu/drivers/run_on_device.sh # full parts (≤ 9 min together)
+#   PARTS=bench bash tests/gpu/drivers/run_on_device.sh              # full benchmark (≤ 9 min)
 #   PARTS=push,bench ...                                     # + the push-source check (~1 min)
-#   PARTS=bench-large bash tests/gpu/run_on_device.sh        # the ~7B comparison (≤ 9 min)
-#   PARTS=zero3 bash tests/gpu/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
+#   PARTS=bench-large bash tests/gpu/drivers/run_on_device.sh        # the ~7B comparison (≤ 9 min)
+#   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #
 # Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
@@ -20,7 +20,7 @@
 # Exit status: 0 when every selected part passed.
 set -uo pipefail
 T0=$(date +%s)
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 REPO=$PWD
 OUT="${OUT:-$REPO/gpu-out}"
 WORK="${WORK:-/tmp/gpu-work}"
@@ -35,7 +35,7 @@ die() { say "FATAL: $*"; exit 3; }
 
 # -- environment (env.sh from install.sh sets PYTHONPATH=/tmp/site and the variables below) --
 [[ -f /tmp/site/env.sh ]] && source /tmp/site/env.sh
-export PYTHONPATH="$REPO/operator:$REPO/training:${PYTHONPATH:-}"
+export PYTHONPATH="$REPO:$REPO/operator:$REPO/training:${PYTHONPATH:-}"
 export COLOCGRPO_TEST_MODEL="${COLOCGRPO_TEST_MODEL:-/tmp/models/smollm2-135m-instruct}"
 # Required: flashinfer is not carried (vLLM's LLM() fails without it); no NVLink multicast.
 export VLLM_USE_FLASHINFER_SAMPLER=0 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_NO_USAGE_STATS=1
@@ -107,11 +107,11 @@ if [[ ",$PARTS," == *",push,"* ]]; then
 fi
 if [[ ",$PARTS," == *",learning,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
-    run_part learning 200 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" --smoke --steps 6 \
+    run_part learning 200 "$PY" tests/gpu/drivers/learning_run.py --out "$WORK/learning" --smoke --steps 6 \
       --startup-seconds 160 --seconds-per-step 3 ${LEARN_ARGS:-}
   else
     # ~1.15 s/step measured under ZeRO-3; limits: startup 150 s + 2 s/step per run.
-    run_part learning 470 "$PY" tests/gpu/learning_run.py --out "$WORK/learning" \
+    run_part learning 470 "$PY" tests/gpu/drivers/learning_run.py --out "$WORK/learning" \
       --steps "${LEARN_STEPS:-80}" --reference-steps "${LEARN_REF_STEPS:-12}" --startup-seconds 150 --seconds-per-step 2 ${LEARN_ARGS:-}
   fi
   [[ -f "$WORK/learning/learning_run.json" ]] && "$PY" -c 'import json,sys; print("learning verdict:", json.dumps(json.load(open(sys.argv[1]))["verdict"]))' \
@@ -119,12 +119,12 @@ if [[ ",$PARTS," == *",learning,"* ]]; then
 fi
 if [[ ",$PARTS," == *",bench,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
-    run_part bench 230 "$PY" bench/grpo_step.py --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
+    run_part bench 230 "$PY" -m bench.grpo_step --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
       --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150 ${BENCH_ARGS:-}
   else
     # The budget is what the deadline leaves (other parts may have run first), less one contender.
     left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
-    run_part bench $(( left + 20 )) "$PY" bench/grpo_step.py --out "$WORK/bench" \
+    run_part bench $(( left + 20 )) "$PY" -m bench.grpo_step --out "$WORK/bench" \
       ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds $(( left < 480 ? left - 40 : 440 )) \
       --contender-timeout 170 ${BENCH_ARGS:-}
   fi
@@ -133,8 +133,8 @@ fi
 
 if [[ ",$PARTS," == *",zero3,"* ]]; then
   # The large size's training side alone, per DeepSpeed file (~1 min each; makes the model if absent).
-  run_part zero3-model 300 "$PY" bench/grpo_step.py --out "$WORK/zero3-model" --make-model
-  run_part zero3 "${ZERO3_LIMIT:-330}" "$PY" bench/zero3_train_step.py --model /tmp/models/random-large \
+  run_part zero3-model 300 "$PY" -m bench.grpo_step --out "$WORK/zero3-model" --make-model
+  run_part zero3 "${ZERO3_LIMIT:-330}" "$PY" -m bench.zero3_train_step --model /tmp/models/random-large \
     --out "$WORK/zero3" ${ZERO3_ARGS:-}
   [[ -f "$WORK/zero3/zero3.md" ]] && cat "$WORK/zero3/zero3.md" >>"$SUMMARY"
 fi
@@ -142,7 +142,7 @@ fi
 if [[ ",$PARTS," == *",bench-large,"* ]]; then
   # Issue 8's large size: a random-init decoder made here (~7B on an H200), the sleep-on pair first.
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
-  run_part bench-large $(( left + 20 )) "$PY" bench/grpo_step.py --size large --out "$WORK/bench-large" \
+  run_part bench-large $(( left + 20 )) "$PY" -m bench.grpo_step --size large --out "$WORK/bench-large" \
     ${BENCH_LARGE_CONTENDERS:+--contenders "$BENCH_LARGE_CONTENDERS"} --budget-seconds $(( left - 200 )) \
     --contender-timeout "${BENCH_LARGE_TIMEOUT:-260}" ${BENCH_LARGE_ARGS:-}
   [[ -f "$WORK/bench-large/bench.md" ]] && cat "$WORK/bench-large/bench.md" >>"$SUMMARY"

@@ -13,7 +13,7 @@ log-prob difference (TRL's sampling/sampling_logp_difference/mean) over the firs
 `--reference-steps` steps stays within 1.2× of the sleep-off reference run over the same
 steps (same seed, same data order). `--smoke`: plumbing only (no criteria, no reference).
 
-    python3 tests/gpu/learning_run.py --out DIR [--steps 80] [--reference-steps 12] [--smoke]
+    python3 tests/gpu/drivers/learning_run.py --out DIR [--steps 80] [--reference-steps 12] [--smoke]
 
 Writes DIR/learning_run.json and DIR/reward_curve.csv; exits 1 when a criterion fails,
 2 when a run fails or exceeds its time limit (its logs stay under DIR/run-*/).
@@ -33,10 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-from child_process import install_stop_handlers, run_child  # noqa: E402 - shared with bench/grpo_step.py
-from machine_job import EXAMPLE, machine_job  # noqa: E402 - the job bench/grpo_step.py launches as too
+REPO = Path(__file__).resolve().parents[3]
+from bench.child_process import install_stop_handlers, run_child
+from bench.machine_job import EXAMPLE, machine_job
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
 REWARD_MODULE = textwrap.dedent(
@@ -179,7 +178,7 @@ def run(
     ]  # fmt: skip
     env = dict(
         os.environ,
-        PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
+        PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
         COLOCGRPO_TERMINATION_LOG=str(work / "termination-log"),
         VLLM_USE_FLASHINFER_SAMPLER="0",
         PYTHONUNBUFFERED="1",

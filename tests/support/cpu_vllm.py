@@ -67,7 +67,7 @@ class _Receiver:
 
 def _load_unpartitioned(path: str):
     """vLLM loads its own full copy of the weights; under a DeepSpeed ZeRO-3 run (CPU dry runs
-    of tests/gpu/learning_run.py) transformers would otherwise partition this one too."""
+    of tests/gpu/drivers/learning_run.py) transformers would otherwise partition this one too."""
     from transformers.integrations import deepspeed as hf_deepspeed
 
     saved = hf_deepspeed._hf_deepspeed_config_weak_ref

@@ -1,0 +1,1 @@
+"""Benchmark drivers (`python -m bench.<name>`); docs/benchmarks/ says what each measures."""
