@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 from bench.child_process import install_stop_handlers, run_child
 from bench.machine_job import machine_job
+
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
 # Fixed before the first run (issue 8: no tuning to the numbers). `small` ran on 2026-12-02
@@ -171,7 +172,9 @@ def deepspeed_file_key(contender: str) -> str:
     return f"{choice}-offload" if choice == "product" and offload else choice
 
 
-def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False, config: dict = CONFIG, util: float | None = None):
+def grpo_args(
+    contender: str, out: Path, steps: int, cpu: bool = False, config: dict = CONFIG, util: float | None = None
+):
     """The GRPOConfig of one contender (identical for all but the sleep switch)."""
     from trl import GRPOConfig
 
@@ -251,6 +254,7 @@ def time_trl_vllm(trainer) -> dict:
                     state["sync_start"] = end  # the push starts here
                 else:
                     timers[key] += end - start
+
         return wrapper
 
     llm.sleep = timed(llm.sleep, "sleep_seconds")
@@ -278,7 +282,11 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}? Explain."}]} for a in range(1, 30) for b in range(1, 30)]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"What is {a} + {b}? Explain."}]}
+        for a in range(1, 30)
+        for b in range(1, 30)
+    ]
     config = SIZES[size]
     util = util if util is not None else config["gpu_memory_utilization"]
     args = grpo_args(contender, out, warmup + measured, cpu, config=config, util=util)
@@ -316,7 +324,8 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
                 # Where a step's time goes (ops by self CPU and CUDA time): the step's own
                 # time is then not comparable, so profiled steps are reported apart.
                 self.profiler = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                    activities=[torch.profiler.ProfilerActivity.CPU]
+                    + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
                 )
                 self.profiler.__enter__()
             if cuda:
@@ -333,7 +342,9 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
                 with open(out / f"profile-step{len(times)}.txt", "w") as f:
                     for key in ("self_cpu_time_total", "self_device_time_total" if cuda else None):
                         if key:
-                            f.write(f"== by {key}\n{table.table(sort_by=key, row_limit=40, max_name_column_width=70)}\n")
+                            f.write(
+                                f"== by {key}\n{table.table(sort_by=key, row_limit=40, max_name_column_width=70)}\n"
+                            )
                 self.profiler = None
             if cuda:
                 free, total = torch.cuda.mem_get_info()
@@ -355,7 +366,11 @@ def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = Fa
         breakdown = trainer.generation_metrics()
     elif trl_timers is not None:
         breakdown = {f"generation/{k}": v for k, v in trl_timers.items()}
-    logp_diffs = [e["sampling/sampling_logp_difference/mean"] for e in log_entries if "sampling/sampling_logp_difference/mean" in e]
+    logp_diffs = [
+        e["sampling/sampling_logp_difference/mean"]
+        for e in log_entries
+        if "sampling/sampling_logp_difference/mean" in e
+    ]
     result = {
         "contender": contender,
         "median_s_per_step": statistics.median(measured_times),
@@ -433,11 +448,15 @@ def write_report(out: Path, machine: dict, results: list[dict], warmup: int, mea
     ]  # fmt: skip
     for r in results:
         if "median_s_per_step" not in r:
-            lines.append(f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |")
+            lines.append(
+                f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |"
+            )
             continue
         b = r["breakdown_total_seconds"]
         profiled = set(r.get("profiled_steps", ()))
-        measured_times = [t for i, t in enumerate(r["step_times"]) if i >= r["warmup_steps"] and i + 1 not in profiled] or r["step_times"]
+        measured_times = [
+            t for i, t in enumerate(r["step_times"]) if i >= r["warmup_steps"] and i + 1 not in profiled
+        ] or r["step_times"]
         logp = r.get("logp_diff")
         lines.append(
             f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
@@ -503,8 +522,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"default: {DEFAULT_CONTENDERS} (small), {DEFAULT_LARGE_CONTENDERS} (large)",
     )
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--model-dir", type=Path, default=Path(DEFAULT_LARGE_MODEL_DIR), help="where the large model is made")
-    parser.add_argument("--util-ladder", default=None, help="large size: utilizations to try, highest first (default: from the memory plan)")
+    parser.add_argument(
+        "--model-dir", type=Path, default=Path(DEFAULT_LARGE_MODEL_DIR), help="where the large model is made"
+    )
+    parser.add_argument(
+        "--util-ladder",
+        default=None,
+        help="large size: utilizations to try, highest first (default: from the memory plan)",
+    )
     parser.add_argument("--warmup-steps", type=int, default=None)
     parser.add_argument("--measured-steps", type=int, default=None)
     parser.add_argument("--budget-seconds", type=float, default=480.0, help="start no contender past this")
@@ -515,7 +540,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--util", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure-machine", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--make-model", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--profile-steps", default="", help="1-based steps to profile with torch.profiler (profile-stepN.txt per contender)")
+    parser.add_argument(
+        "--profile-steps",
+        default="",
+        help="1-based steps to profile with torch.profiler (profile-stepN.txt per contender)",
+    )
     args = parser.parse_args(argv)
     config = SIZES[args.size]
     args.warmup_steps = config["warmup_steps"] if args.warmup_steps is None else args.warmup_steps
@@ -557,7 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     # Its own process, so that the parent holds no GPU memory while the contenders run.
     machine: dict = {}
     if not args.cpu:
-        code, timed_out = run_child([sys.executable, "-m", "bench.grpo_step", "--out", str(out), "--measure-machine"], env, out, 120)
+        code, timed_out = run_child(
+            [sys.executable, "-m", "bench.grpo_step", "--out", str(out), "--measure-machine"], env, out, 120
+        )
         if code == 0 and (out / "machine.json").exists():
             machine = json.loads((out / "machine.json").read_text())
         else:
@@ -572,18 +603,27 @@ def main(argv: list[str] | None = None) -> int:
                   + (out / "stderr.log").read_text(errors="replace")[-3000:], file=sys.stderr)  # fmt: skip
             return 2
         model_info = json.loads((out / "model.json").read_text())
-        print(f"[bench] large model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters at {model_info['path']}", flush=True)
+        print(
+            f"[bench] large model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters at {model_info['path']}",
+            flush=True,
+        )
         if args.util_ladder:
             ladder = [float(u) for u in args.util_ladder.split(",") if u]
         elif "total_bytes" in machine:
             ladder = util_ladder(machine["total_bytes"], model_info["params"])
         else:
-            print(f"[bench] no device memory size to plan utilizations from ({machine}); pass --util-ladder", file=sys.stderr)
+            print(
+                f"[bench] no device memory size to plan utilizations from ({machine}); pass --util-ladder",
+                file=sys.stderr,
+            )
             return 2
         model_info["util_ladder"] = ladder
     deepspeed_files = {}
-    for choice, config in (("plain", PLAIN_DEEPSPEED), ("product", product_deepspeed()),
-                           ("product-offload", product_deepspeed(offload_trainer_state=True))):
+    for choice, config in (
+        ("plain", PLAIN_DEEPSPEED),
+        ("product", product_deepspeed()),
+        ("product-offload", product_deepspeed(offload_trainer_state=True)),
+    ):
         deepspeed_files[choice] = out / f"deepspeed-{choice}.json"
         deepspeed_files[choice].write_text(json.dumps(config, indent=2))
     results: list[dict] = []
@@ -624,13 +664,25 @@ def main(argv: list[str] | None = None) -> int:
                 result = json.loads((work / "result.json").read_text())
                 result["wall_s"] = wall
                 result["deepspeed"] = deepspeed_file_key(contender)
-                print(f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step at util {util} ({wall:.0f} s wall)", flush=True)
+                print(
+                    f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step at util {util} ({wall:.0f} s wall)",
+                    flush=True,
+                )
                 break
             tail = (work / "stderr.log").read_text(errors="replace")[-3000:]
             status = f"timed out after {timeout:.0f} s" if timed_out else f"failed (rc {code})"
             oom = not timed_out and ran_out_of_memory(work)
-            print(f"[bench] {contender} at util {util}: {status.upper()}{' (out of memory)' if oom else ''}\n{tail[-1500:]}", flush=True)
-            result = {"contender": contender, "status": status, "error": tail, "wall_s": wall, "gpu_memory_utilization": util}
+            print(
+                f"[bench] {contender} at util {util}: {status.upper()}{' (out of memory)' if oom else ''}\n{tail[-1500:]}",
+                flush=True,
+            )
+            result = {
+                "contender": contender,
+                "status": status,
+                "error": tail,
+                "wall_s": wall,
+                "gpu_memory_utilization": util,
+            }
             if not oom or util is None:
                 break
             status += " (out of memory)"
@@ -642,7 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         report()
     lines = report()
     print("\n".join(lines))
-    return 0 if results and all("median_s_per_step" in r or r.get("status", "").startswith("skipped") for r in results) else 1
+    return (
+        0
+        if results and all("median_s_per_step" in r or r.get("status", "").startswith("skipped") for r in results)
+        else 1
+    )
 
 
 if __name__ == "__main__":

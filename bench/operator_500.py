@@ -99,8 +99,9 @@ class JobWatcher(threading.Thread):
 
     def run(self) -> None:
         url = f"{self.api.server}/apis/batch/v1/namespaces/{self.namespace}/jobs?watch=true&timeoutSeconds=600"
-        response = self.api.pool.request("GET", url, headers=self.api.credentials.auth_headers(),
-                                         preload_content=False, timeout=None)
+        response = self.api.pool.request(
+            "GET", url, headers=self.api.credentials.auth_headers(), preload_content=False, timeout=None
+        )
         self.ready.set()
         buffer = b""
         for chunk in response.stream(65536):
@@ -149,8 +150,11 @@ def rss_kib(pid: int) -> tuple[int, int]:
 def operator_metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def main() -> int:
@@ -161,9 +165,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8, help="client threads creating jobs")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the namespace afterwards")
-    parser.add_argument("--operator-src", default=str(REPO), metavar="DIR",
-                        help="run the operator from this checkout (e.g. a worktree of an older commit, for a "
-                             "before/after comparison with the same benchmark)")
+    parser.add_argument(
+        "--operator-src",
+        default=str(REPO),
+        metavar="DIR",
+        help="run the operator from this checkout (e.g. a worktree of an older commit, for a "
+        "before/after comparison with the same benchmark)",
+    )
     # Its own local cluster by default: 500-job bursts would stall the Job controller for anyone else
     # using the demo's cluster (`make demo`, tests reusing it).
     parser.add_argument("--cluster-name", default="colocgrpo-bench", help="local dev cluster to start/reuse")
@@ -178,13 +186,21 @@ def main() -> int:
         cluster = None
     # A connection per creating thread, plus the Job watch and the metrics/status reads.
     api = KubeApi.from_kubeconfig(kubeconfig, field_manager="colocgrpo-bench", pool_size=args.threads + 4)
-    kubectl = [sys.executable.replace("/python", "/kubectl") if Path(sys.executable.replace("/python", "/kubectl")).exists()
-               else "kubectl", f"--kubeconfig={kubeconfig}"]
+    kubectl = [
+        sys.executable.replace("/python", "/kubectl")
+        if Path(sys.executable.replace("/python", "/kubectl")).exists()
+        else "kubectl",
+        f"--kubeconfig={kubeconfig}",
+    ]
     crd = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
-    subprocess.run([*kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(crd)], check=True,
-                   capture_output=True)
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/colocgrpojobs.colocgrpo.io"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(crd)], check=True, capture_output=True
+    )
+    subprocess.run(
+        [*kubectl, "wait", "--for=condition=Established", "crd/colocgrpojobs.colocgrpo.io"],
+        check=True,
+        capture_output=True,
+    )
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
 
@@ -194,12 +210,28 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=f"{source / 'operator'}:{source / 'training'}")
     with open(log_path, "wb") as log:
         operator = subprocess.Popen(
-            [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={kubeconfig}",
-             f"--namespace={namespace}", f"--liveness-port={live_port}", f"--metrics-port={metrics_port}",
-             "--log-level=WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=source)
-    result: dict[str, Any] = {"count": args.count, "suspended": args.suspended, "namespace": namespace,
-                              "operator_src": str(source)}
+            [
+                sys.executable,
+                "-m",
+                "colocgrpo_operator.cli",
+                "operator",
+                f"--kubeconfig={kubeconfig}",
+                f"--namespace={namespace}",
+                f"--liveness-port={live_port}",
+                f"--metrics-port={metrics_port}",
+                "--log-level=WARNING",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=source,
+        )
+    result: dict[str, Any] = {
+        "count": args.count,
+        "suspended": args.suspended,
+        "namespace": namespace,
+        "operator_src": str(source),
+    }
     try:
         deadline = time.monotonic() + 60
         while True:

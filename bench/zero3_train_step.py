@@ -136,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"file": name, "status": "timed out" if timed_out else f"failed (rc {code})", "error": tail})
         print(f"[zero3] {name}: {results[-1].get('median_s_per_step', results[-1].get('status'))}", flush=True)
     base = next((r["median_s_per_step"] for r in results if "median_s_per_step" in r), None)
-    lines = ["| DeepSpeed file | median s/step | ÷ first | steps (s) | persistent params | peak allocated GiB |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| DeepSpeed file | median s/step | ÷ first | steps (s) | persistent params | peak allocated GiB |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         if "median_s_per_step" not in r:
             lines.append(f"| {r['file']} | {r['status']} | | | | |")

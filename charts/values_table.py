@@ -44,7 +44,9 @@ def _default(values: dict[str, Any], path: list[str]) -> str:
     return "`" + json.dumps(node, separators=(", ", ": ")) + "`"
 
 
-def rows(schema: dict[str, Any], values: dict[str, Any], path: list[str] | None = None) -> list[tuple[str, str, str, str]]:
+def rows(
+    schema: dict[str, Any], values: dict[str, Any], path: list[str] | None = None
+) -> list[tuple[str, str, str, str]]:
     """(key, type, default, description) for every documented leaf, in schema order.
 
     An object with `properties` is expanded into its keys; an object without (a Kubernetes type
@@ -55,8 +57,12 @@ def rows(schema: dict[str, Any], values: dict[str, Any], path: list[str] | None 
         here = [*(path or []), key]
         if key == "global" and not path:
             continue  # Helm's own
-        if sub.get("type") == "object" and "properties" in sub and sub.get("additionalProperties") is False \
-                and not _is_kubernetes_type(here):
+        if (
+            sub.get("type") == "object"
+            and "properties" in sub
+            and sub.get("additionalProperties") is False
+            and not _is_kubernetes_type(here)
+        ):
             out += rows(sub, values, here)
         else:
             description = " ".join(sub.get("description", "").split()).replace("|", "\\|")

@@ -42,6 +42,8 @@ def test_operator_modules_import_no_ml_stack():
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {"colocgrpo_operator.api", "colocgrpo_operator.render", "colocgrpo_operator.recipe"} <= set(report["modules"])
+    assert {"colocgrpo_operator.api", "colocgrpo_operator.render", "colocgrpo_operator.recipe"} <= set(
+        report["modules"]
+    )
     assert report["failed"] == {}
     assert report["heavy"] == []

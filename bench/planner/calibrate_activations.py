@@ -26,9 +26,14 @@ GIB = 1024**3
 def build(key: str) -> torch.nn.Module:
     s = ModelShape(**BUILTIN_SHAPES[key])
     common = dict(
-        hidden_size=s.hidden_size, num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
-        num_key_value_heads=s.num_kv_heads, intermediate_size=s.intermediate_size, vocab_size=s.vocab_size,
-        tie_word_embeddings=s.tie_word_embeddings, max_position_embeddings=s.max_position_embeddings or 4096,
+        hidden_size=s.hidden_size,
+        num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads,
+        num_key_value_heads=s.num_kv_heads,
+        intermediate_size=s.intermediate_size,
+        vocab_size=s.vocab_size,
+        tie_word_embeddings=s.tie_word_embeddings,
+        max_position_embeddings=s.max_position_embeddings or 4096,
     )
     if key.startswith("qwen"):
         config = Qwen2Config(**common)
@@ -72,7 +77,8 @@ def main() -> None:
     torch.zeros(1, device="cuda")
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     result = {
         "device": props.name,
@@ -83,8 +89,11 @@ def main() -> None:
         "cases": [],
     }
     cases = [
-        ("smollm2-135m", 8, 1024), ("smollm2-135m", 16, 2048),
-        ("qwen2.5-0.5b", 8, 1024), ("qwen2.5-1.5b", 8, 1536), ("llama-3.2-1b", 4, 2048),
+        ("smollm2-135m", 8, 1024),
+        ("smollm2-135m", 16, 2048),
+        ("qwen2.5-0.5b", 8, 1024),
+        ("qwen2.5-1.5b", 8, 1536),
+        ("llama-3.2-1b", 4, 2048),
     ]
     for key, batch, seq in cases:
         model = build(key)
@@ -93,8 +102,12 @@ def main() -> None:
             measured = measure(model, batch, seq, checkpointing)
             estimate = f.activation_bytes(shape, batch * seq, 2, checkpointing)
             row = {
-                "model": key, "batch": batch, "seq": seq, "checkpointing": checkpointing,
-                "measured_gib": measured / GIB, "estimate_gib": estimate / GIB,
+                "model": key,
+                "batch": batch,
+                "seq": seq,
+                "checkpointing": checkpointing,
+                "measured_gib": measured / GIB,
+                "estimate_gib": estimate / GIB,
                 "ratio_estimate_over_measured": estimate / measured,
             }
             result["cases"].append(row)

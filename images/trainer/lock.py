@@ -89,9 +89,21 @@ def resolve(requirements: Path, constraints: Path | None, pip_python: str = sys.
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         command = [
-            pip_python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-            "--report", str(report), "--only-binary=:all:", *platform_args(),
-            "--find-links", str(gpu_dir), "-r", str(requirements),
+            pip_python,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            "--only-binary=:all:",
+            *platform_args(),
+            "--find-links",
+            str(gpu_dir),
+            "-r",
+            str(requirements),
         ]
         if constraints is not None:
             command += ["-c", str(constraints)]

@@ -133,7 +133,9 @@ def _tensor_parallel(t: Translation, key: str, value: Any, recipe: dict[str, Any
     if _is_int(value) and value >= 1:
         t.set("vllm.tensorParallelSize", value)
     else:
-        t.untranslatable.append(f"{key}: {value!r} gives no tensor-parallel size; pass --tp N (spec.vllm.tensorParallelSize)")
+        t.untranslatable.append(
+            f"{key}: {value!r} gives no tensor-parallel size; pass --tp N (spec.vllm.tensorParallelSize)"
+        )
 
 
 def _sleep_mode(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
@@ -165,9 +167,13 @@ def _save_strategy(t: Translation, key: str, value: Any, recipe: dict[str, Any])
     elif value == "steps":
         if "save_steps" not in recipe:
             t.set("checkpoint.saveSteps", 500)
-            t.notes.append(f"{key}: 'steps' without save_steps -> spec.checkpoint.saveSteps 500 (transformers' default)")
+            t.notes.append(
+                f"{key}: 'steps' without save_steps -> spec.checkpoint.saveSteps 500 (transformers' default)"
+            )
     else:
-        t.untranslatable.append(f"{key}: {value!r}: only step-based checkpoints (spec.checkpoint.saveSteps) are supported")
+        t.untranslatable.append(
+            f"{key}: {value!r}: only step-based checkpoints (spec.checkpoint.saveSteps) are supported"
+        )
 
 
 def _save_steps(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
@@ -201,8 +207,12 @@ def _model_init_kwargs(t: Translation, key: str, value: Any, recipe: dict[str, A
         t.untranslatable.append(f"{key}: {value!r} is not a mapping")
         return
     rest = dict(value)
-    for inner, target in (("torch_dtype", "model.dtype"), ("dtype", "model.dtype"),
-                          ("attn_implementation", "model.attnImplementation"), ("revision", "model.revision")):
+    for inner, target in (
+        ("torch_dtype", "model.dtype"),
+        ("dtype", "model.dtype"),
+        ("attn_implementation", "model.attnImplementation"),
+        ("revision", "model.revision"),
+    ):
         if inner in rest:
             t.set(target, rest.pop(inner))
             t.notes.append(f"{key}.{inner} -> spec.{target}")
@@ -229,8 +239,14 @@ TRANSLATIONS: dict[str, tuple[str, Handler]] = {
     "dataset_config": ("spec.dataset.config", _to("dataset.config", _is_str, "a string")),
     "dataset_train_split": ("spec.dataset.split", _to("dataset.split", _is_str, "a string")),
     "dataset_prompt_column": ("spec.dataset.promptColumn", _to("dataset.promptColumn", _is_str, "a string")),
-    "system_prompt": ("spec.dataset.systemPrompt", _to("dataset.systemPrompt", lambda v: isinstance(v, str), "a string")),
-    "chat_template": ("spec.dataset.chatTemplate", _to("dataset.chatTemplate", lambda v: isinstance(v, str), "a string")),
+    "system_prompt": (
+        "spec.dataset.systemPrompt",
+        _to("dataset.systemPrompt", lambda v: isinstance(v, str), "a string"),
+    ),
+    "chat_template": (
+        "spec.dataset.chatTemplate",
+        _to("dataset.chatTemplate", lambda v: isinstance(v, str), "a string"),
+    ),
     "max_prompt_length": (
         "spec.dataset.maxPromptTokens",
         _to("dataset.maxPromptTokens", lambda v: _is_int(v) and v > 0, "a positive integer"),
@@ -240,8 +256,11 @@ TRANSLATIONS: dict[str, tuple[str, Handler]] = {
     # vLLM
     "use_vllm": (
         "(always on for GPU jobs)",
-        _only(True, "true dropped: vLLM is always used by GPU jobs, colocated (spec.resources.gpusPerNode > 0)",
-              "generation without vLLM is only available to CPU jobs (--gpus-per-node 0)"),
+        _only(
+            True,
+            "true dropped: vLLM is always used by GPU jobs, colocated (spec.resources.gpusPerNode > 0)",
+            "generation without vLLM is only available to CPU jobs (--gpus-per-node 0)",
+        ),
     ),
     "vllm_mode": (
         "(always colocate)",
@@ -257,18 +276,38 @@ TRANSLATIONS: dict[str, tuple[str, Handler]] = {
         "spec.vllm.enablePrefixCaching",
         _to("vllm.enablePrefixCaching", lambda v: isinstance(v, bool), "a boolean"),
     ),
-    "vllm_max_model_len": ("spec.vllm.maxModelLen", _to("vllm.maxModelLen", lambda v: _is_int(v) and v > 0, "a positive integer")),
-    "vllm_max_model_length": ("spec.vllm.maxModelLen", _to("vllm.maxModelLen", lambda v: _is_int(v) and v > 0, "a positive integer")),
-    "vllm_max_num_seqs": ("spec.vllm.maxNumSeqs", _to("vllm.maxNumSeqs", lambda v: _is_int(v) and v > 0, "a positive integer")),
+    "vllm_max_model_len": (
+        "spec.vllm.maxModelLen",
+        _to("vllm.maxModelLen", lambda v: _is_int(v) and v > 0, "a positive integer"),
+    ),
+    "vllm_max_model_length": (
+        "spec.vllm.maxModelLen",
+        _to("vllm.maxModelLen", lambda v: _is_int(v) and v > 0, "a positive integer"),
+    ),
+    "vllm_max_num_seqs": (
+        "spec.vllm.maxNumSeqs",
+        _to("vllm.maxNumSeqs", lambda v: _is_int(v) and v > 0, "a positive integer"),
+    ),
     "vllm_enable_sleep_mode": ("spec.vllm.sleepPolicy", _sleep_mode),
     # Renamed or removed in transformers 5 / TRL 1.16
     "warmup_ratio": ("trainerArgs.warmup_steps (float ratio)", _warmup_ratio),
-    "overwrite_output_dir": ("(removed in transformers 5)", _drop("removed in transformers 5; checkpoints go to spec.checkpoint.path and resume per spec.checkpoint.resume")),
-    "output_dir": ("spec.checkpoint.path", _drop("the operator sets the output directory to spec.checkpoint.path (a mounted volume)")),
+    "overwrite_output_dir": (
+        "(removed in transformers 5)",
+        _drop(
+            "removed in transformers 5; checkpoints go to spec.checkpoint.path and resume per spec.checkpoint.resume"
+        ),
+    ),
+    "output_dir": (
+        "spec.checkpoint.path",
+        _drop("the operator sets the output directory to spec.checkpoint.path (a mounted volume)"),
+    ),
     # Checkpoints
     "save_strategy": ("spec.checkpoint.saveSteps", _save_strategy),
     "save_steps": ("spec.checkpoint.saveSteps", _save_steps),
-    "save_total_limit": ("spec.checkpoint.saveTotalLimit", _to("checkpoint.saveTotalLimit", lambda v: _is_int(v) and v > 0, "a positive integer")),
+    "save_total_limit": (
+        "spec.checkpoint.saveTotalLimit",
+        _to("checkpoint.saveTotalLimit", lambda v: _is_int(v) and v > 0, "a positive integer"),
+    ),
     # Evaluation is not part of a job
     "do_eval": ("(no evaluation)", _only(False, "false dropped: jobs do not evaluate", _NO_EVALUATION)),
     "eval_strategy": ("(no evaluation)", _only("no", "'no' dropped: jobs do not evaluate", _NO_EVALUATION)),
@@ -319,7 +358,7 @@ def default_job_name(model_name: str | None) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", base).strip("-")
     if not slug or not slug[0].isalpha():
         slug = f"job-{slug}".rstrip("-")  # DNS-1035: must start with a letter
-    return (slug[: MAX_JOB_NAME_LENGTH - 5].rstrip("-") + "-grpo")
+    return slug[: MAX_JOB_NAME_LENGTH - 5].rstrip("-") + "-grpo"
 
 
 def translate_recipe(
@@ -338,7 +377,9 @@ def translate_recipe(
         if first == last:
             t.notes.append(f"{key}: appears more than once with the same value {last!r}")
         else:
-            t.untranslatable.append(f"{key}: appears more than once with different values ({first!r}, then {last!r}); YAML keeps the last")
+            t.untranslatable.append(
+                f"{key}: appears more than once with different values ({first!r}, then {last!r}); YAML keeps the last"
+            )
     t.set("resources.nodes", nodes)
     t.set("resources.gpusPerNode", gpus_per_node)
     if tp is not None:
@@ -357,13 +398,19 @@ def translate_recipe(
         else:
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            t.untranslatable.append(f"{key}: {value!r} is not a TRL 1.16 GRPOConfig argument nor a known recipe key{hint}")
+            t.untranslatable.append(
+                f"{key}: {value!r} is not a TRL 1.16 GRPOConfig argument nor a known recipe key{hint}"
+            )
 
     if gpus_per_node == 0:
         t.spec.get("vllm", {}).pop("tensorParallelSize", None)
     metadata: dict[str, Any] = {"name": name or default_job_name(t.get("model.name"))}
     if namespace:
         metadata["namespace"] = namespace
-    ordered = {k: t.spec[k] for k in ("model", "dataset", "resources", "vllm", "rewards", "trainerArgs", "checkpoint") if k in t.spec}
+    ordered = {
+        k: t.spec[k]
+        for k in ("model", "dataset", "resources", "vllm", "rewards", "trainerArgs", "checkpoint")
+        if k in t.spec
+    }
     job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": ordered}
     return job, t

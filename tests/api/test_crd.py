@@ -39,7 +39,15 @@ def test_identity_and_subresources(crd):
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Nodes", "GPUs", "TP", "Step", "Reward", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Nodes",
+        "GPUs",
+        "TP",
+        "Step",
+        "Reward",
+        "Age",
+    ]
 
 
 def test_schema_is_structural(schema):
@@ -68,10 +76,26 @@ def test_status_schema_is_closed_and_metrics_are_numbers(schema):
     metrics = status["properties"]["progress"]["properties"]["metrics"]
     assert metrics["type"] == "object" and metrics["additionalProperties"] == {"type": "number"}
     assert status["properties"]["phase"]["enum"] == [
-        "Pending", "Queued", "Suspended", "Starting", "Running", "Restarting", "Succeeded", "Failed",
+        "Pending",
+        "Queued",
+        "Suspended",
+        "Starting",
+        "Running",
+        "Restarting",
+        "Succeeded",
+        "Failed",
     ]
     condition_types = status["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
-    assert set(condition_types) == {"SpecValid", "Queued", "Suspended", "Running", "Stalled", "Succeeded", "Failed", "PlanWarning"}
+    assert set(condition_types) == {
+        "SpecValid",
+        "Queued",
+        "Suspended",
+        "Running",
+        "Stalled",
+        "Succeeded",
+        "Failed",
+        "PlanWarning",
+    }
 
 
 def test_free_form_only_where_kubernetes_types_pass_through(schema):
@@ -89,7 +113,9 @@ def test_free_form_only_where_kubernetes_types_pass_through(schema):
 def test_every_string_and_list_is_bounded_for_cel_cost(schema):
     for path, node in _walk(schema):
         if node.get("type") == "string" and "enum" not in node:
-            assert "maxLength" in node or node.get("format") == "date-time" or path.endswith(("apiVersion", "kind")), path
+            assert "maxLength" in node or node.get("format") == "date-time" or path.endswith(("apiVersion", "kind")), (
+                path
+            )
         if node.get("type") == "array":
             assert "maxItems" in node, path
 

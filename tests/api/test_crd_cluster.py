@@ -60,7 +60,10 @@ def test_examples_are_accepted_and_defaulted(crd_installed, namespace):
         (lambda o: o["spec"].update(vllm={"tensorParallelSize": 3}), "spec.vllm.tensorParallelSize must divide"),
         (lambda o: o["metadata"].update(name="x" * 53), "metadata.name must be at most 52"),
         (lambda o: o["spec"]["resources"].update(nodes=0), "spec.resources.nodes"),
-        (lambda o: o["spec"].update(vllm={"tensorParallelSize": 4, "gpuMemoryUtilization": 1.0}), "gpuMemoryUtilization"),
+        (
+            lambda o: o["spec"].update(vllm={"tensorParallelSize": 4, "gpuMemoryUtilization": 1.0}),
+            "gpuMemoryUtilization",
+        ),
     ],
 )
 def test_api_server_rejects_with_the_field_named(crd_installed, namespace, mutate, expected):

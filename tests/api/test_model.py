@@ -174,7 +174,9 @@ def test_use_peft_refused():
     assert found["spec.trainerArgs.use_peft"].startswith("refused")
 
 
-@pytest.mark.parametrize("key, hint", [("warmup_ratio", "warmup_steps"), ("max_prompt_length", "spec.dataset.maxPromptTokens")])
+@pytest.mark.parametrize(
+    "key, hint", [("warmup_ratio", "warmup_steps"), ("max_prompt_length", "spec.dataset.maxPromptTokens")]
+)
 def test_renamed_keys_point_to_their_new_home(key, hint):
     found = problems_of(minimal_job(trainerArgs={key: 0.1}))
     assert hint in found[f"spec.trainerArgs.{key}"]

@@ -19,6 +19,11 @@ def test_docs_api_md_field_reference_is_current():
 
 def test_reference_lists_every_spec_field_with_required_marks():
     reference = field_reference_markdown()
-    for path in ("spec.vllm.tensorParallelSize", "spec.trainerArgs", "spec.runPolicy.suspend", "status.progress.metrics"):
+    for path in (
+        "spec.vllm.tensorParallelSize",
+        "spec.trainerArgs",
+        "spec.runPolicy.suspend",
+        "status.progress.metrics",
+    ):
         assert f"| `{path}` |" in reference
     assert "| `spec.model` | object | **required** |" in reference

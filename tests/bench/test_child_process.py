@@ -12,7 +12,9 @@ from bench.child_process import run_child
 
 
 def test_child_output_and_exit_code(tmp_path):
-    code, timed_out = run_child([sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"], dict(os.environ), tmp_path, 30)
+    code, timed_out = run_child(
+        [sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"], dict(os.environ), tmp_path, 30
+    )
     assert (code, timed_out) == (3, False)
     assert (tmp_path / "stdout.log").read_text() == "hi\n"
 

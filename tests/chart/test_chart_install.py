@@ -38,8 +38,9 @@ def other_namespace(kube_cluster):
 
 @pytest.fixture
 def namespaced(helm, kube_cluster, namespace, other_namespace, release_name):
-    chart = InstalledChart(helm, kube_cluster, release_name, namespace,
-                           values=("--set", f"watchNamespaces={{{namespace}}}")).install()
+    chart = InstalledChart(
+        helm, kube_cluster, release_name, namespace, values=("--set", f"watchNamespaces={{{namespace}}}")
+    ).install()
     yield chart
     chart.uninstall()
 
@@ -58,8 +59,13 @@ def test_install_creates_the_crd_operator_and_identity(cluster_wide, kube_cluste
 def test_operator_pod_is_admitted_under_restricted_pod_security(helm, kube_cluster, namespace, release_name):
     """The hardened defaults meet the Pod Security Standards' `restricted` level: the namespace enforces it,
     and the Deployment's ReplicaSet still gets its pod created (PodSecurity admission would refuse it)."""
-    kube_cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
-                         "pod-security.kubernetes.io/enforce-version=latest")
+    kube_cluster.kubectl(
+        "label",
+        "namespace",
+        namespace,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
     chart = InstalledChart(helm, kube_cluster, release_name, namespace).install()
     try:
         selector = f"app.kubernetes.io/instance={release_name}"
@@ -68,8 +74,16 @@ def test_operator_pod_is_admitted_under_restricted_pod_security(helm, kube_clust
             pods = kube_cluster.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "name").stdout.split()
             if pods:
                 break
-            events = kube_cluster.kubectl("-n", namespace, "get", "events", "--field-selector",
-                                          "reason=FailedCreate", "-o", "jsonpath={.items[*].message}").stdout
+            events = kube_cluster.kubectl(
+                "-n",
+                namespace,
+                "get",
+                "events",
+                "--field-selector",
+                "reason=FailedCreate",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ).stdout
             assert "violates PodSecurity" not in events, events
             assert time.monotonic() < deadline, f"no operator pod after 60 s; events: {events}"
             time.sleep(0.5)
@@ -130,13 +144,21 @@ def test_identity_cannot_read_secrets_change_crds_or_exec(mode, request, kube_cl
     chart = request.getfixturevalue(mode)
     sa = chart.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
     allowed = [" ".join(args) for args in FORBIDDEN if can_i(kube_cluster, sa, *args)]
-    allowed += [f"{' '.join(args)} (in its own namespace)" for args in [
-        ("get", "secrets"), ("list", "secrets"), ("create", "pods", "--subresource=exec"),
-    ] if can_i(kube_cluster, sa, *args, "-n", namespace)]
+    allowed += [
+        f"{' '.join(args)} (in its own namespace)"
+        for args in [
+            ("get", "secrets"),
+            ("list", "secrets"),
+            ("create", "pods", "--subresource=exec"),
+        ]
+        if can_i(kube_cluster, sa, *args, "-n", namespace)
+    ]
     assert not allowed, f"the operator may: {allowed}"
 
 
-def test_namespaced_identity_is_confined_to_the_watched_namespace(namespaced, kube_cluster, namespace, other_namespace, tmp_path):
+def test_namespaced_identity_is_confined_to_the_watched_namespace(
+    namespaced, kube_cluster, namespace, other_namespace, tmp_path
+):
     sa = namespaced.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
     assert can_i(kube_cluster, sa, "watch", "colocgrpojobs.colocgrpo.io", "-n", namespace)
     assert can_i(kube_cluster, sa, "create", "jobs.batch", "-n", namespace)
@@ -168,13 +190,23 @@ def test_documented_crd_upgrade_command_applies_a_changed_crd(cluster_wide, kube
     (changed / original.name).write_text(yaml.safe_dump(crd))
     try:
         kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(changed))
-        live = kube_cluster.kubectl("get", "crd", crd["metadata"]["name"], "-o",
-                                    "jsonpath={.spec.versions[0].additionalPrinterColumns[0].description}").stdout
+        live = kube_cluster.kubectl(
+            "get",
+            "crd",
+            crd["metadata"]["name"],
+            "-o",
+            "jsonpath={.spec.versions[0].additionalPrinterColumns[0].description}",
+        ).stdout
         assert live == marker
     finally:
         kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    live = kube_cluster.kubectl("get", "crd", crd["metadata"]["name"], "-o",
-                                "jsonpath={.spec.versions[0].additionalPrinterColumns[0].description}").stdout
+    live = kube_cluster.kubectl(
+        "get",
+        "crd",
+        crd["metadata"]["name"],
+        "-o",
+        "jsonpath={.spec.versions[0].additionalPrinterColumns[0].description}",
+    ).stdout
     assert marker not in live
 
 
@@ -234,8 +266,10 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
     # In a real install the bindings exist long before the operator pod starts; here the process starts
     # right after `helm install`, so first let the apiserver's RBAC cache see the new bindings.
     deadline = time.monotonic() + 30
-    while not (can_i(kube_cluster, sa_kubeconfig, "watch", "colocgrpojobs.colocgrpo.io", "-n", namespace)
-               and can_i(kube_cluster, sa_kubeconfig, "create", "jobs.batch", "-n", namespace)):
+    while not (
+        can_i(kube_cluster, sa_kubeconfig, "watch", "colocgrpojobs.colocgrpo.io", "-n", namespace)
+        and can_i(kube_cluster, sa_kubeconfig, "create", "jobs.batch", "-n", namespace)
+    ):
         assert time.monotonic() < deadline, "the chart's RBAC never took effect"
         time.sleep(0.3)
     liveness, metrics = _free_port(), _free_port()
@@ -246,7 +280,10 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
     with log_path.open("w") as log:
         operator = subprocess.Popen(
             [sys.executable, "-m", "colocgrpo_operator.cli", "operator", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=repo,
         )
 
     def log_tail() -> str:
@@ -267,7 +304,14 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
             assert operator.poll() is None, f"the operator exited:\n{log_tail()}"
             assert time.monotonic() < deadline, f"no trainer pod after 90 s:\n{log_tail()}"
             pods = kube_cluster.kubectl(
-                "-n", namespace, "get", "pods", "-l", f"{JOB_NAME_LABEL}=chart-lifecycle", "-o", "name",
+                "-n",
+                namespace,
+                "get",
+                "pods",
+                "-l",
+                f"{JOB_NAME_LABEL}=chart-lifecycle",
+                "-o",
+                "name",
             ).stdout.split()
             time.sleep(0.5)
         for pod in pods:
@@ -280,10 +324,18 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
             drive_pod_success(kube_cluster.core_v1, namespace, name)
 
         waited = kube_cluster.kubectl(
-            "-n", namespace, "wait", "--for=condition=Succeeded", "cgj/chart-lifecycle", "--timeout=90s", check=False,
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Succeeded",
+            "cgj/chart-lifecycle",
+            "--timeout=90s",
+            check=False,
         )
         assert waited.returncode == 0, f"{waited.stderr}\n{log_tail()}"
-        phase = kube_cluster.kubectl("-n", namespace, "get", "cgj", "chart-lifecycle", "-o", "jsonpath={.status.phase}").stdout
+        phase = kube_cluster.kubectl(
+            "-n", namespace, "get", "cgj", "chart-lifecycle", "-o", "jsonpath={.status.phase}"
+        ).stdout
         assert phase == "Succeeded"
 
         status, text = _http_get(f"http://127.0.0.1:{metrics}/metrics")
@@ -305,8 +357,16 @@ def test_helm_upgrade_switches_to_namespaced_rbac_and_back(cluster_wide, kube_cl
     from helm_chart import CHART, run_helm
 
     def upgrade(*values: str) -> None:
-        run_helm(cluster_wide.helm, "upgrade", cluster_wide.release, str(CHART), "--namespace", namespace,
-                 *values, kubeconfig=kube_cluster.kubeconfig)
+        run_helm(
+            cluster_wide.helm,
+            "upgrade",
+            cluster_wide.release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            *values,
+            kubeconfig=kube_cluster.kubeconfig,
+        )
 
     upgrade("--set", f"watchNamespaces={{{namespace}}}")
     sa = cluster_wide.service_account_kubeconfig(tmp_path / "sa.kubeconfig")

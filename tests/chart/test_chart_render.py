@@ -16,8 +16,14 @@ def test_helm_lint_passes_strict(helm):
 
 def test_helm_lint_passes_for_namespaced_and_monitoring_values(helm):
     run_helm(
-        helm, "lint", "--strict", str(CHART),
-        "--set", "watchNamespaces={team-a,team-b}", "--set", "metrics.serviceMonitor.enabled=true",
+        helm,
+        "lint",
+        "--strict",
+        str(CHART),
+        "--set",
+        "watchNamespaces={team-a,team-b}",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
     )
 
 
@@ -26,21 +32,42 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
 
     objects = render_chart()
     assert sorted(o["kind"] for o in objects) == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
     ]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("values", [
-    ("--set", "watchNamespaces={a,b}"),
-    ("--set", "metrics.enabled=false", "--set", "rbac.create=false"),
-    ("--set", "nodeSelector.pool=system", "--set", "tolerations[0].key=k,tolerations[0].operator=Exists",
-     "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
-     "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
-     "--set", "imagePullSecrets[0].name=pull", "--set", "extraEnv[0].name=A,extraEnv[0].value=b",
-     "--set", "priorityClassName=system-cluster-critical", "--set", "podAnnotations.a=b"),
-], ids=["namespaced", "metrics-and-rbac-off", "placement-and-extras"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        ("--set", "watchNamespaces={a,b}"),
+        ("--set", "metrics.enabled=false", "--set", "rbac.create=false"),
+        (
+            "--set",
+            "nodeSelector.pool=system",
+            "--set",
+            "tolerations[0].key=k,tolerations[0].operator=Exists",
+            "--set",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+            "--set",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            "--set",
+            "imagePullSecrets[0].name=pull",
+            "--set",
+            "extraEnv[0].name=A,extraEnv[0].value=b",
+            "--set",
+            "priorityClassName=system-cluster-critical",
+            "--set",
+            "podAnnotations.a=b",
+        ),
+    ],
+    ids=["namespaced", "metrics-and-rbac-off", "placement-and-extras"],
+)
 def test_toggled_renders_are_valid_kubernetes_objects(render_chart, values):
     import kubernetes_validate
 
@@ -98,14 +125,22 @@ def test_operator_command_line_defaults(render_chart):
 
 
 def test_values_reach_the_command_line_and_pod(render_chart):
-    deployment, container = _operator_container(render_chart(
-        "--set", "trainerImage=registry.example/trainer:9",
-        "--set", "logLevel=debug",
-        "--set", "image.digest=sha256:" + "a" * 64,
-        "--set", "nodeSelector.pool=system",
-        "--set", "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
-        "--set", "extraArgs={--peering=none}",
-    ))
+    deployment, container = _operator_container(
+        render_chart(
+            "--set",
+            "trainerImage=registry.example/trainer:9",
+            "--set",
+            "logLevel=debug",
+            "--set",
+            "image.digest=sha256:" + "a" * 64,
+            "--set",
+            "nodeSelector.pool=system",
+            "--set",
+            "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
+            "--set",
+            "extraArgs={--peering=none}",
+        )
+    )
     assert "--trainer-image=registry.example/trainer:9" in container["args"]
     assert "--log-level=DEBUG" in container["args"]
     assert container["args"][-1] == "--peering=none"
@@ -148,8 +183,14 @@ def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
     role = one(objects, "ClusterRole")
     assert _rules(role) == {**NAMESPACED_RULES, **CRD_DISCOVERY}
     binding = one(objects, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}
+    ]
     assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
 
 
@@ -158,7 +199,9 @@ def test_no_rule_grants_secrets_exec_logs_wildcards_or_crd_writes(render_chart):
         for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes"} & set(rule["resources"])
+                assert not {"secrets", "pods/exec", "pods/attach", "pods/log", "pods/portforward", "nodes"} & set(
+                    rule["resources"]
+                )
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
             crd = _rules(role).get(("apiextensions.k8s.io", "customresourcedefinitions"), set())
             assert crd <= {"get", "list", "watch"}
@@ -180,7 +223,9 @@ def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}
+        ]
 
 
 def test_rbac_off_renders_no_rbac(render_chart):
@@ -218,7 +263,9 @@ def test_metrics_off(render_chart):
 
 
 def test_service_monitor_on(render_chart):
-    objects = render_chart("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom")
+    objects = render_chart(
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom"
+    )
     monitor = one(objects, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"
@@ -231,8 +278,15 @@ def test_service_monitor_on(render_chart):
 
 def test_service_monitor_without_metrics_fails_clearly(helm):
     result = run_helm(
-        helm, "template", "x", str(CHART),
-        "--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true", check=False,
+        helm,
+        "template",
+        "x",
+        str(CHART),
+        "--set",
+        "metrics.enabled=false",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        check=False,
     )
     assert result.returncode != 0
     assert "metrics.serviceMonitor.enabled needs metrics.enabled" in result.stderr
@@ -274,8 +328,10 @@ def test_notes_tell_how_to_submit_and_watch(helm):
     assert "kubectl apply --server-side -f charts/colocgrpo-operator/crds/" in notes
 
 
-@pytest.mark.parametrize("values", [(), ("--set", "watchNamespaces={a,b}"), ("--set", "metrics.enabled=false"),
-                                    ("--set", "logLevel=warning")])
+@pytest.mark.parametrize(
+    "values",
+    [(), ("--set", "watchNamespaces={a,b}"), ("--set", "metrics.enabled=false"), ("--set", "logLevel=warning")],
+)
 def test_rendered_command_line_is_what_colocgrpo_operator_accepts(render_chart, values):
     from colocgrpo_operator.cli import build_parser
 

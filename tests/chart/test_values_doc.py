@@ -55,6 +55,7 @@ def test_every_object_with_keys_is_closed_and_every_key_described():
     documented = {row[0] for row in values_table.rows(SCHEMA, VALUES)}
     for key, _, _, description in values_table.rows(SCHEMA, VALUES):
         assert description, f"{key} has no description in values.schema.json"
+
     # Every default in values.yaml is documented (a leaf or a documented pass-through object).
     def leaves(node, path=()):
         if isinstance(node, dict) and node and ".".join(path) not in documented:

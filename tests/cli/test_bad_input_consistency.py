@@ -17,8 +17,6 @@ REPO = Path(__file__).resolve().parents[2]
 BAD_INPUT_EXIT = {"validate": 1, "render": 1, "plan": 2}
 
 
-
-
 def tiny_job() -> dict:
     return yaml.safe_load((REPO / "examples/tiny-cpu.yaml").read_text())
 
@@ -81,14 +79,17 @@ def test_from_recipe_bad_yaml_is_one_line(tmp_path):
     path.write_text("learning_rate: [1e-6\n")
     result = colocgrpo("from-recipe", str(path))
     assert result.returncode == 1 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == [f"error: {path}: invalid YAML (line 2, column 1): "
-                                                  "expected ',' or ']', but got '<stream end>'"]
+    assert result.stderr.strip().splitlines() == [
+        f"error: {path}: invalid YAML (line 2, column 1): expected ',' or ']', but got '<stream end>'"
+    ]
 
 
 def test_from_recipe_given_a_job_manifest_points_at_the_right_commands():
     job = REPO / "examples/tiny-cpu.yaml"
     result = colocgrpo("from-recipe", str(job))
     assert result.returncode == 1 and result.stdout == ""
-    line, = result.stderr.strip().splitlines()
-    assert line == (f"error: {job}: not a recipe: it is a Kubernetes ColocGRPOJob manifest, not a GRPO recipe; "
-                    "use `colocgrpo validate/render/plan -f` on it")
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (
+        f"error: {job}: not a recipe: it is a Kubernetes ColocGRPOJob manifest, not a GRPO recipe; "
+        "use `colocgrpo validate/render/plan -f` on it"
+    )

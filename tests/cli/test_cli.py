@@ -12,8 +12,6 @@ REPO = Path(__file__).resolve().parents[2]
 SEED_RECIPE = REPO / "tests/data/seed-config.yaml"
 
 
-
-
 def write(tmp_path: Path, name: str, obj) -> Path:
     path = tmp_path / name
     path.write_text(obj if isinstance(obj, str) else yaml.safe_dump_all(obj if isinstance(obj, list) else [obj]))
@@ -124,7 +122,16 @@ def test_render_invalid_job_exits_1_with_field_lines(tmp_path):
 
 def test_from_recipe_regenerates_the_committed_seed_example():
     result = colocgrpo(
-        "from-recipe", str(SEED_RECIPE), "--nodes", "1", "--gpus-per-node", "8", "--tp", "4", "--name", "seed-qwen14b-tp4"
+        "from-recipe",
+        str(SEED_RECIPE),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        "--tp",
+        "4",
+        "--name",
+        "seed-qwen14b-tp4",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (REPO / "examples/seed-qwen14b-tp4.yaml").read_text(), "regenerate the example"

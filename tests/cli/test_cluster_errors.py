@@ -14,8 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
 
 
-
-
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -24,12 +22,18 @@ def closed_port() -> int:
 
 def kubeconfig_for(tmp_path: Path, server: str) -> Path:
     path = tmp_path / "kubeconfig.yaml"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ns1"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ns1"}}],
+            }
+        )
+    )
     return path
 
 
@@ -53,8 +57,9 @@ def test_missing_kubeconfig_names_it(tmp_path, command):
 def test_unreachable_api_server_names_the_address(tmp_path, command):
     port = closed_port()
     result = colocgrpo(command, "job", "--kubeconfig", str(kubeconfig_for(tmp_path, f"https://127.0.0.1:{port}")))
-    assert_one_clean_line(result, f"cannot reach the Kubernetes API server at https://127.0.0.1:{port}",
-                          "is the cluster up?")
+    assert_one_clean_line(
+        result, f"cannot reach the Kubernetes API server at https://127.0.0.1:{port}", "is the cluster up?"
+    )
 
 
 @pytest.mark.cluster

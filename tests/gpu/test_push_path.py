@@ -131,7 +131,9 @@ def test_partition_view_is_the_current_weight(zero3_engine):
     gather_s = _time(lambda: _gather_only(params))
     view_s = _time(lambda: [whole_tensor_without_gather(p) for p in params])
     result = {"parameters": len(params), "steps": STEPS, "gather_seconds": gather_s, "view_seconds": view_s}
-    print(f"push source for {len(params)} parameters: GatheredParameters {gather_s:.4f} s, partition views {view_s:.4f} s")
+    print(
+        f"push source for {len(params)} parameters: GatheredParameters {gather_s:.4f} s, partition views {view_s:.4f} s"
+    )
     out = os.environ.get("COLOCGRPO_RESULTS_DIR")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

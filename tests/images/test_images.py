@@ -36,7 +36,8 @@ lock = _load_lock_module()
 def test_dockerfile_is_hadolint_clean(hadolint, dockerfile):
     result = subprocess.run(
         [str(hadolint), "--no-color", "--failure-threshold", "info", str(dockerfile)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -68,7 +69,10 @@ def test_operator_image_installs_only_the_operator_extra_and_runs_non_root():
 
 def test_operator_extra_has_no_ml_stack():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    names = {re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"] + project["optional-dependencies"]["operator"]}
+    names = {
+        re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0].lower()
+        for dep in project["dependencies"] + project["optional-dependencies"]["operator"]
+    }
     assert not names & {"torch", "vllm", "trl", "transformers", "deepspeed", "accelerate"}
 
 
@@ -98,7 +102,9 @@ def test_trainer_pins_fall_in_the_trainer_extra():
         requirement = Requirement(line)
         name = lock.normalize(requirement.name)
         assert name in image, f"the trainer extra needs {name}, the image lacks it"
-        assert requirement.specifier.contains(image[name], prereleases=True), f"{name}=={image[name]} is outside {line!r}"
+        assert requirement.specifier.contains(image[name], prereleases=True), (
+            f"{name}=={image[name]} is outside {line!r}"
+        )
 
 
 def test_lock_keeps_every_gpu_proven_version():
@@ -123,7 +129,11 @@ def _resolved_with_cache() -> dict[str, str]:
     key_source = lock.REQUIREMENTS.read_bytes() + lock.CONSTRAINTS.read_bytes()
     key_source += " ".join(sorted(p.name for p in gpu_dir.glob("*.whl"))).encode()
     key = hashlib.sha256(key_source).hexdigest()[:16]
-    cache = Path(os.environ.get("COLOCGRPO_CACHE") or Path.home() / ".cache" / "colocgrpo") / "trainer-resolve" / f"{key}.json"
+    cache = (
+        Path(os.environ.get("COLOCGRPO_CACHE") or Path.home() / ".cache" / "colocgrpo")
+        / "trainer-resolve"
+        / f"{key}.json"
+    )
     if cache.is_file():
         return json.loads(cache.read_text())
     resolved = lock.resolve(lock.REQUIREMENTS, lock.CONSTRAINTS)
@@ -173,12 +183,23 @@ def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", ".[operator]"],
-                   cwd=context, check=True, env=clean_env)
-    help_text = subprocess.run([str(env_dir / "bin" / "colocgrpo"), "operator", "--help"], cwd=tmp_path,
-                               capture_output=True, text=True, env=clean_env, check=True).stdout
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", ".[operator]"],
+        cwd=context,
+        check=True,
+        env=clean_env,
+    )
+    help_text = subprocess.run(
+        [str(env_dir / "bin" / "colocgrpo"), "operator", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        check=True,
+    ).stdout
     assert "--liveness-port" in help_text and "--trainer-image" in help_text
     probe = "import importlib.util as u; print([m for m in ('torch','vllm','trl','transformers','deepspeed') if u.find_spec(m)])"
-    found = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                           env=clean_env, check=True).stdout.strip()
+    found = subprocess.run(
+        [str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=clean_env, check=True
+    ).stdout.strip()
     assert found == "[]"

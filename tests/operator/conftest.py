@@ -14,8 +14,7 @@ from support.operator_harness import CRD_FILE, NAMESPACE_PATTERN, Cluster, Opera
 @pytest.fixture(scope="session")
 def crd_installed(kube_cluster) -> None:
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                         "crd/colocgrpojobs.colocgrpo.io")
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/colocgrpojobs.colocgrpo.io")
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +25,9 @@ def cluster(kube_cluster) -> Cluster:
 @pytest.fixture(scope="session")
 def operator(kube_cluster, crd_installed, tmp_path_factory) -> Iterator[OperatorProcess]:
     """One operator for the session, watching `opt-*` namespaces."""
-    process = OperatorProcess(Path(kube_cluster.kubeconfig), [NAMESPACE_PATTERN],
-                              tmp_path_factory.mktemp("operator") / "operator.log")
+    process = OperatorProcess(
+        Path(kube_cluster.kubeconfig), [NAMESPACE_PATTERN], tmp_path_factory.mktemp("operator") / "operator.log"
+    )
     process.start()
     yield process
     process.stop()
@@ -50,4 +50,3 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
-

@@ -41,10 +41,13 @@ def _config(user: dict, cluster: dict | None = None, context: str = "c") -> dict
 def test_kubeconfig_paths_are_relative_to_the_file_and_data_is_decoded(tmp_path: Path) -> None:
     (tmp_path / "conf").mkdir()
     pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
-    path = _write(tmp_path / "conf" / "kubeconfig", _config(
-        {"client-certificate": "pki/admin.crt", "client-key": "/abs/admin.key"},
-        {"server": "https://10.0.0.1:6443", "certificate-authority-data": base64.b64encode(pem.encode()).decode()},
-    ))
+    path = _write(
+        tmp_path / "conf" / "kubeconfig",
+        _config(
+            {"client-certificate": "pki/admin.crt", "client-key": "/abs/admin.key"},
+            {"server": "https://10.0.0.1:6443", "certificate-authority-data": base64.b64encode(pem.encode()).decode()},
+        ),
+    )
     found = kubeconfig_credentials(str(path))
     assert found.server == "https://10.0.0.1:6443"
     assert found.cert_file == str(tmp_path / "conf" / "pki" / "admin.crt")
@@ -72,10 +75,13 @@ def test_several_kubeconfigs_merge_first_definition_wins(tmp_path: Path) -> None
     assert (found.server, found.token) == ("https://10.0.0.1:6443", "mine")
 
 
-@pytest.mark.parametrize("user, needle", [
-    ({"exec": {"command": "aws"}}, "`exec` plugin"),
-    ({"auth-provider": {"name": "gcp"}}, "`auth-provider` plugin"),
-])
+@pytest.mark.parametrize(
+    "user, needle",
+    [
+        ({"exec": {"command": "aws"}}, "`exec` plugin"),
+        ({"auth-provider": {"name": "gcp"}}, "`auth-provider` plugin"),
+    ],
+)
 def test_plugin_users_are_refused_by_name(tmp_path: Path, user: dict, needle: str) -> None:
     with pytest.raises(CredentialsError, match=needle):
         kubeconfig_credentials(str(_write(tmp_path / "kubeconfig", _config(user))))
@@ -96,10 +102,15 @@ def test_in_cluster_uses_the_service_env_and_account_files(tmp_path: Path) -> No
     environ = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
     found = load_credentials(None, environ=environ, service_account_dir=tmp_path)
     assert (found.server, found.bearer_token(), found.namespace, found.ca_file) == (
-        "https://[fd00::1]:443", "tok", "ops", None)
+        "https://[fd00::1]:443",
+        "tok",
+        "ops",
+        None,
+    )
     # A kubeconfig named explicitly wins over the pod's identity (as `--kubeconfig` promises).
-    named = load_credentials(str(_write(tmp_path / "kc", _config({"token": "x"}))), environ=environ,
-                             service_account_dir=tmp_path)
+    named = load_credentials(
+        str(_write(tmp_path / "kc", _config({"token": "x"}))), environ=environ, service_account_dir=tmp_path
+    )
     assert named.token == "x"
 
 
@@ -113,8 +124,12 @@ def test_requests_errors_and_counting_against_the_real_api_server(kube_cluster, 
 
     api = KubeApi.from_kubeconfig(kube_cluster.kubeconfig, field_manager="colocgrpo-tests", pool_size=4)
     before = API_REQUESTS.labels(verb="POST")._value.get()
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": namespace},
-                  "data": {"a": "1"}}
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cm", "namespace": namespace},
+        "data": {"a": "1"},
+    }
     assert api.create(config_map) is True
     assert api.create(config_map) is False  # 409: already there, success for a reconciler
     assert API_REQUESTS.labels(verb="POST")._value.get() - before == 2
@@ -210,9 +225,22 @@ sys.exit(main(sys.argv[1:]))
 def test_a_running_operator_never_imports_the_kubernetes_client(kube_cluster, crd_installed, namespace, cluster):
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
     process = subprocess.Popen(
-        [sys.executable, "-c", _RUN_AND_REPORT, "operator", f"--kubeconfig={kube_cluster.kubeconfig}",
-         f"--namespace={namespace}", f"--metrics-port={free_port()}", f"--liveness-port={free_port()}"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True,
+        [
+            sys.executable,
+            "-c",
+            _RUN_AND_REPORT,
+            "operator",
+            f"--kubeconfig={kube_cluster.kubeconfig}",
+            f"--namespace={namespace}",
+            f"--metrics-port={free_port()}",
+            f"--liveness-port={free_port()}",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=REPO,
+        text=True,
     )
     try:
         cluster.create_job(namespace, tiny_job("no-client"))
@@ -228,4 +256,4 @@ def test_a_running_operator_never_imports_the_kubernetes_client(kube_cluster, cr
             process.communicate()
     report = [line for line in output.splitlines() if line.startswith("LOADED ")]
     assert report, output[-4000:]
-    assert json.loads(report[0][len("LOADED "):]) == [], output[-4000:]
+    assert json.loads(report[0][len("LOADED ") :]) == [], output[-4000:]

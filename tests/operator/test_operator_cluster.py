@@ -24,11 +24,15 @@ def phase(cluster, namespace, name):
 
 def wait_phase(cluster, namespace, name, wanted, timeout=30, operator=None):
     wanted = {wanted} if isinstance(wanted, str) else set(wanted)
-    return wait_for(lambda: (obj := cluster.get_job(namespace, name)) and
-                    (obj.get("status") or {}).get("phase") in wanted and obj,
-                    timeout, f"{namespace}/{name} phase in {sorted(wanted)}",
-                    on_timeout=lambda: f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
-                                       + (operator.log_tail() if operator else ""))
+    return wait_for(
+        lambda: (obj := cluster.get_job(namespace, name)) and (obj.get("status") or {}).get("phase") in wanted and obj,
+        timeout,
+        f"{namespace}/{name} phase in {sorted(wanted)}",
+        on_timeout=lambda: (
+            f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
+            + (operator.log_tail() if operator else "")
+        ),
+    )
 
 
 def running_pod(cluster, namespace, job, index=0, exclude_uid=None, timeout=30):
@@ -60,11 +64,14 @@ def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):
 
     # Every child exists, labelled, and owned by the job (so deletion cascades).
     uid = running["metadata"]["uid"]
-    for prefix, plural, child in [("/api/v1", "configmaps", f"{name}-config"), ("/api/v1", "services", name),
-                                  ("/api/v1", "serviceaccounts", f"{name}-trainer"),
-                                  ("/apis/rbac.authorization.k8s.io/v1", "roles", f"{name}-trainer"),
-                                  ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", f"{name}-trainer"),
-                                  ("/apis/batch/v1", "jobs", name)]:
+    for prefix, plural, child in [
+        ("/api/v1", "configmaps", f"{name}-config"),
+        ("/api/v1", "services", name),
+        ("/api/v1", "serviceaccounts", f"{name}-trainer"),
+        ("/apis/rbac.authorization.k8s.io/v1", "roles", f"{name}-trainer"),
+        ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", f"{name}-trainer"),
+        ("/apis/batch/v1", "jobs", name),
+    ]:
         obj = cluster.api.request("GET", f"{prefix}/namespaces/{ns}/{plural}/{child}")
         owners = obj["metadata"].get("ownerReferences") or []
         assert [o["uid"] for o in owners] == [uid], f"{plural}/{child} owners {owners}"
@@ -78,8 +85,9 @@ def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):
     assert condition(done, "Failed")["status"] == "False"
     assert done["status"].get("completionTime")
     assert done["status"]["progress"] == progress
-    reasons = {e.get("reason") for e in cluster.events(ns)
-               if (e.get("involvedObject") or {}).get("kind") == "ColocGRPOJob"}
+    reasons = {
+        e.get("reason") for e in cluster.events(ns) if (e.get("involvedObject") or {}).get("kind") == "ColocGRPOJob"
+    }
     assert {"Running", "Succeeded"} <= reasons, reasons
     assert operator.alive()
 
@@ -116,8 +124,7 @@ def test_unschedulable_within_seconds(cluster, operator, op_namespace):
         running = condition(obj, "Running")
         return running.get("reason") == "Unschedulable" and obj
 
-    obj = wait_for(unschedulable, 20, "Running=False/Unschedulable",
-                   on_timeout=lambda: str(cluster.get_job(ns, name)))
+    obj = wait_for(unschedulable, 20, "Running=False/Unschedulable", on_timeout=lambda: str(cluster.get_job(ns, name)))
     assert time.monotonic() - started < 20
     assert obj["status"]["phase"] == "Starting"
     assert "nvidia.com/gpu" in condition(obj, "Running")["message"]
@@ -128,8 +135,13 @@ def test_failures_restart_the_gang_then_fail(cluster, kube_cluster, operator, op
     cluster.create_job(ns, tiny_job(name, runPolicy={"maxRestarts": 1}))
     first = running_pod(cluster, ns, name)
     first_job_uid = cluster.batch_jobs(ns, name)[0]["metadata"]["uid"]
-    drive_pod_failure(kube_cluster.core_v1, ns, first["metadata"]["name"], exit_code=1,
-                      message='{"reason": "CUDAOutOfMemory", "message": "tried to allocate 20 GiB"}')
+    drive_pod_failure(
+        kube_cluster.core_v1,
+        ns,
+        first["metadata"]["name"],
+        exit_code=1,
+        message='{"reason": "CUDAOutOfMemory", "message": "tried to allocate 20 GiB"}',
+    )
 
     second = running_pod(cluster, ns, name, exclude_uid=first["metadata"]["uid"], timeout=45)
     jobs = cluster.batch_jobs(ns, name)
@@ -168,8 +180,11 @@ def test_suspend_and_resume(cluster, operator, op_namespace):
     suspended = wait_phase(cluster, ns, name, "Suspended", operator=operator)
     assert condition(suspended, "Suspended")["status"] == "True"
     assert cluster.batch_jobs(ns, name)[0]["spec"]["suspend"] is True
-    wait_for(lambda: not [p for p in cluster.pods(ns, name) if not p["metadata"].get("deletionTimestamp")],
-             30, "the suspended job's pods to go")
+    wait_for(
+        lambda: not [p for p in cluster.pods(ns, name) if not p["metadata"].get("deletionTimestamp")],
+        30,
+        "the suspended job's pods to go",
+    )
     cluster.patch_job(ns, name, {"spec": {"runPolicy": {"suspend": False}}})
     running_pod(cluster, ns, name, exclude_uid=first["metadata"]["uid"])
     resumed = wait_phase(cluster, ns, name, "Running", operator=operator)
@@ -204,14 +219,20 @@ def test_stalled_when_progress_stops(cluster, operator, op_namespace):
     ns, name = op_namespace, "stuck"
     cluster.create_job(ns, tiny_job(name, runPolicy={"stallTimeoutSeconds": 3}))
     wait_phase(cluster, ns, name, "Running", operator=operator)
-    stalled = wait_for(lambda: condition(cluster.get_job(ns, name), "Stalled").get("status") == "True"
-                       and cluster.get_job(ns, name), 20, "Stalled=True")
+    stalled = wait_for(
+        lambda: condition(cluster.get_job(ns, name), "Stalled").get("status") == "True" and cluster.get_job(ns, name),
+        20,
+        "Stalled=True",
+    )
     assert condition(stalled, "Stalled")["reason"] == "Stalled"
     # Progress moves: no longer stalled.
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     cluster.patch_job(ns, name, {"status": {"progress": {"step": 1, "lastUpdateTime": now}}}, subresource="status")
-    wait_for(lambda: condition(cluster.get_job(ns, name), "Stalled").get("status") == "False", 10,
-             "Stalled=False after progress")
+    wait_for(
+        lambda: condition(cluster.get_job(ns, name), "Stalled").get("status") == "False",
+        10,
+        "Stalled=False after progress",
+    )
 
 
 def test_deleting_the_job_removes_every_child(cluster, operator, op_namespace):
@@ -223,15 +244,24 @@ def test_deleting_the_job_removes_every_child(cluster, operator, op_namespace):
 
     def leftovers():
         found = []
-        for prefix, plural in [("/api/v1", "configmaps"), ("/api/v1", "services"), ("/api/v1", "serviceaccounts"),
-                               ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-                               ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-                               ("/apis/batch/v1", "jobs"), ("/api/v1", "pods")]:
+        for prefix, plural in [
+            ("/api/v1", "configmaps"),
+            ("/api/v1", "services"),
+            ("/api/v1", "serviceaccounts"),
+            ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+            ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+            ("/apis/batch/v1", "jobs"),
+            ("/api/v1", "pods"),
+        ]:
             found += [f"{plural}/{o['metadata']['name']}" for o in cluster.list(prefix, plural, ns, selector)]
         return found
 
-    wait_for(lambda: cluster.get_job(ns, name) is None and not leftovers(), 45, "no job and no children",
-             on_timeout=lambda: str(leftovers()))
+    wait_for(
+        lambda: cluster.get_job(ns, name) is None and not leftovers(),
+        45,
+        "no job and no children",
+        on_timeout=lambda: str(leftovers()),
+    )
 
 
 def test_ttl_deletes_finished_job(cluster, kube_cluster, operator, op_namespace):
@@ -256,11 +286,16 @@ def test_operator_killed_mid_reconcile_converges(cluster, kube_cluster, crd_inst
         for name in names:
             cluster.create_job(namespace, tiny_job(name))
         # Kill as soon as the first child appears (some jobs half-done, some untouched).
-        wait_for(lambda: cluster.list("/api/v1", "serviceaccounts", namespace, "colocgrpo.io/job-name"),
-                 30, "the first child", interval=0.05)
+        wait_for(
+            lambda: cluster.list("/api/v1", "serviceaccounts", namespace, "colocgrpo.io/job-name"),
+            30,
+            "the first child",
+            interval=0.05,
+        )
         own.kill()
-        before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in
-                  cluster.list("/apis/batch/v1", "jobs", namespace)}
+        before = {
+            j["metadata"]["name"]: j["metadata"]["uid"] for j in cluster.list("/apis/batch/v1", "jobs", namespace)
+        }
         own.start()
         for name in names:
             wait_phase(cluster, namespace, name, "Running", timeout=60, operator=own)
@@ -293,26 +328,54 @@ def test_fifty_jobs_at_once(cluster, operator, op_namespace):
     elapsed = time.monotonic() - started
     assert len(cluster.list("/apis/batch/v1", "jobs", ns)) == 50
     metrics = operator.metrics()
-    assert "colocgrpo_jobs{phase=\"Running\"}" in metrics
+    assert 'colocgrpo_jobs{phase="Running"}' in metrics
     assert "colocgrpo_reconcile_duration_seconds_bucket" in metrics
     print(f"50 jobs Running after {elapsed:.1f}s")
 
 
 # --- garbage in every field ---------------------------------------------------------------------
 
-_leaf = (st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)
-         | st.text(max_size=12) | st.sampled_from(["", "-1", "1e9", "Never", "cpu", "a:b", "/etc/x", "Gi"]))
-_json = st.recursive(_leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(min_size=1, max_size=8), c,
-                                                                                 max_size=3), max_leaves=8)
-_PATHS = [("spec", "model"), ("spec", "model", "name"), ("spec", "resources", "nodes"),
-          ("spec", "resources", "gpusPerNode"), ("spec", "resources", "cpu"), ("spec", "resources", "extra"),
-          ("spec", "rewards"), ("spec", "rewards", 0, "function"), ("spec", "rewards", 0, "weight"),
-          ("spec", "trainerArgs"), ("spec", "trainerArgs", "max_steps"), ("spec", "trainerArgs", "bogus_arg"),
-          ("spec", "scheduling", "tolerations"), ("spec", "scheduling", "affinity"),
-          ("spec", "scheduling", "nodeSelector"), ("spec", "podTemplate", "env"), ("spec", "podTemplate", "volumes"),
-          ("spec", "podTemplate", "volumeMounts"), ("spec", "runPolicy", "maxRestarts"), ("spec", "image"),
-          ("spec", "command"), ("spec", "dataset"), ("spec", "checkpoint", "path"), ("spec", "vllm"),
-          ("metadata", "labels"), ("metadata", "annotations")]
+_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.sampled_from(["", "-1", "1e9", "Never", "cpu", "a:b", "/etc/x", "Gi"])
+)
+_json = st.recursive(
+    _leaf,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(min_size=1, max_size=8), c, max_size=3),
+    max_leaves=8,
+)
+_PATHS = [
+    ("spec", "model"),
+    ("spec", "model", "name"),
+    ("spec", "resources", "nodes"),
+    ("spec", "resources", "gpusPerNode"),
+    ("spec", "resources", "cpu"),
+    ("spec", "resources", "extra"),
+    ("spec", "rewards"),
+    ("spec", "rewards", 0, "function"),
+    ("spec", "rewards", 0, "weight"),
+    ("spec", "trainerArgs"),
+    ("spec", "trainerArgs", "max_steps"),
+    ("spec", "trainerArgs", "bogus_arg"),
+    ("spec", "scheduling", "tolerations"),
+    ("spec", "scheduling", "affinity"),
+    ("spec", "scheduling", "nodeSelector"),
+    ("spec", "podTemplate", "env"),
+    ("spec", "podTemplate", "volumes"),
+    ("spec", "podTemplate", "volumeMounts"),
+    ("spec", "runPolicy", "maxRestarts"),
+    ("spec", "image"),
+    ("spec", "command"),
+    ("spec", "dataset"),
+    ("spec", "checkpoint", "path"),
+    ("spec", "vllm"),
+    ("metadata", "labels"),
+    ("metadata", "annotations"),
+]
 
 
 def _set_path(body, path, value):
@@ -346,20 +409,31 @@ def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op
     # the operator; garbage of the wrong type is refused at the door. Both kinds are drawn.
     likely_stored = st.one_of(
         st.tuples(st.tuples(st.just("spec"), st.just("trainerArgs"), st.text(min_size=1, max_size=12)), _json),
-        st.tuples(st.just(("spec", "scheduling", "tolerations")),
-                  st.lists(st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _leaf,
-                                           max_size=3), max_size=2)),
+        st.tuples(
+            st.just(("spec", "scheduling", "tolerations")),
+            st.lists(
+                st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _leaf, max_size=3),
+                max_size=2,
+            ),
+        ),
         st.tuples(st.just(("spec", "scheduling", "affinity")), st.dictionaries(st.text(max_size=8), _json, max_size=2)),
-        st.tuples(st.just(("spec", "podTemplate", "env")),
-                  st.lists(st.fixed_dictionaries({"name": st.text(min_size=1, max_size=10)},
-                                                 optional={"value": _leaf, "valueFrom": _json}), max_size=2)),
+        st.tuples(
+            st.just(("spec", "podTemplate", "env")),
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.text(min_size=1, max_size=10)}, optional={"value": _leaf, "valueFrom": _json}
+                ),
+                max_size=2,
+            ),
+        ),
         st.tuples(st.just(("spec", "resources", "cpu")), st.sampled_from(["1", "0", "100000", "1m", "1e3"])),
         st.tuples(st.just(("spec", "image")), st.text(min_size=1, max_size=20)),
     )
 
     @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(mutations=st.lists(st.one_of(likely_stored, st.tuples(st.sampled_from(_PATHS), _json)),
-                              min_size=1, max_size=4))
+    @given(
+        mutations=st.lists(st.one_of(likely_stored, st.tuples(st.sampled_from(_PATHS), _json)), min_size=1, max_size=4)
+    )
     def store(mutations):
         name = f"fuzz-{next(counter)}"
         body = tiny_job(name)
@@ -384,8 +458,13 @@ def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op
                 pending.append(name)
         return not pending or None
 
-    wait_for(judged, 60, f"every one of {len(accepted)} accepted fuzzed jobs to get a status",
-             interval=1, on_timeout=operator.log_tail)
+    wait_for(
+        judged,
+        60,
+        f"every one of {len(accepted)} accepted fuzzed jobs to get a status",
+        interval=1,
+        on_timeout=operator.log_tail,
+    )
     assert operator.alive() and operator.healthy()
     cluster.create_job(ns, tiny_job("after-fuzz"))
     wait_phase(cluster, ns, "after-fuzz", "Running", operator=operator)
@@ -404,9 +483,14 @@ def _cli(kube_cluster, *args, timeout=60):
     from support.operator_harness import REPO
 
     env = dict(__import__("os").environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
-    return subprocess.Popen([sys.executable, "-m", "colocgrpo_operator.cli", *args,
-                             f"--kubeconfig={kube_cluster.kubeconfig}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "colocgrpo_operator.cli", *args, f"--kubeconfig={kube_cluster.kubeconfig}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def test_watch_exits_with_the_outcome_and_logs_finds_rank0(cluster, kube_cluster, operator, op_namespace):
@@ -438,8 +522,14 @@ def test_frozen_trainer_args_change_is_refused_not_rolled_out(cluster, operator,
     wait_phase(cluster, ns, name, "Running", operator=operator)
     before = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-config")["data"]["grpo.yaml"]
     cluster.patch_job(ns, name, {"spec": {"trainerArgs": {"learning_rate": 0.5}}})
-    wait_for(lambda: any(e.get("reason") == "ImmutableField" and "spec.trainerArgs" in (e.get("message") or "")
-                         for e in cluster.events(ns)), 20, "an ImmutableField warning naming spec.trainerArgs")
+    wait_for(
+        lambda: any(
+            e.get("reason") == "ImmutableField" and "spec.trainerArgs" in (e.get("message") or "")
+            for e in cluster.events(ns)
+        ),
+        20,
+        "an ImmutableField warning naming spec.trainerArgs",
+    )
     after = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-config")["data"]["grpo.yaml"]
     assert after == before
     assert phase(cluster, ns, name) == "Running"

@@ -26,8 +26,13 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 JOB_UID = "job-uid-1"
 
 
-def batch_job(uid: str = JOB_UID, suspend: bool = False, conditions: list[dict] | None = None,
-              deleting: bool = False, start: str | None = "2026-01-02T03:00:00Z") -> dict[str, Any]:
+def batch_job(
+    uid: str = JOB_UID,
+    suspend: bool = False,
+    conditions: list[dict] | None = None,
+    deleting: bool = False,
+    start: str | None = "2026-01-02T03:00:00Z",
+) -> dict[str, Any]:
     job: dict[str, Any] = {
         "metadata": {"name": "demo", "namespace": "ns", "uid": uid},
         "spec": {"suspend": suspend, "completions": 2, "parallelism": 2},
@@ -40,9 +45,17 @@ def batch_job(uid: str = JOB_UID, suspend: bool = False, conditions: list[dict] 
     return job
 
 
-def pod(index: int, phase: str = "Running", uid: str = JOB_UID, *, waiting: str | None = None,
-        terminated: dict | None = None, conditions: list[dict] | None = None, node: str | None = "gpu-0",
-        reason: str | None = None) -> dict[str, Any]:
+def pod(
+    index: int,
+    phase: str = "Running",
+    uid: str = JOB_UID,
+    *,
+    waiting: str | None = None,
+    terminated: dict | None = None,
+    conditions: list[dict] | None = None,
+    node: str | None = "gpu-0",
+    reason: str | None = None,
+) -> dict[str, Any]:
     state: dict[str, Any] = {"running": {"startedAt": "2026-01-02T03:01:00Z"}}
     if waiting:
         state = {"waiting": {"reason": waiting, "message": f"{waiting} details"}}
@@ -67,10 +80,20 @@ def pod(index: int, phase: str = "Running", uid: str = JOB_UID, *, waiting: str 
     return body
 
 
-def failed(index: int, exit_code: int = 1, message: str = "", reason: str = "Error",
-           finished: str = "2026-01-02T03:02:00Z", **kwargs: Any) -> dict[str, Any]:
-    return pod(index, "Failed", terminated={"exitCode": exit_code, "reason": reason, "message": message,
-                                            "finishedAt": finished}, **kwargs)
+def failed(
+    index: int,
+    exit_code: int = 1,
+    message: str = "",
+    reason: str = "Error",
+    finished: str = "2026-01-02T03:02:00Z",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    return pod(
+        index,
+        "Failed",
+        terminated={"exitCode": exit_code, "reason": reason, "message": message, "finishedAt": finished},
+        **kwargs,
+    )
 
 
 FACTS = RunFacts(nodes=2, gpus_per_node=8, max_restarts=2, generation=1)
@@ -107,9 +130,19 @@ def test_pods_of_an_older_job_are_ignored():
 
 
 def test_unschedulable_carries_the_scheduler_message():
-    unschedulable = pod(1, "Pending", node=None, conditions=[{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}])
+    unschedulable = pod(
+        1,
+        "Pending",
+        node=None,
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    )
     unschedulable["status"]["containerStatuses"] = []
     result = assess(FACTS, batch_job(), [pod(0), unschedulable], None, NOW)
     assert result.phase == "Starting"
@@ -127,8 +160,12 @@ def test_image_pull_problems(waiting):
 
 
 def test_unschedulable_outranks_image_pull():
-    stuck = pod(0, "Pending", node=None, conditions=[{"type": "PodScheduled", "status": "False",
-                                                      "reason": "Unschedulable", "message": "no gpus"}])
+    stuck = pod(
+        0,
+        "Pending",
+        node=None,
+        conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no gpus"}],
+    )
     result = assess(FACTS, batch_job(), [stuck, pod(1, "Pending", waiting="ImagePullBackOff")], None, NOW)
     assert cond(result.status, "Running")["reason"] == "Unschedulable"
 
@@ -204,8 +241,13 @@ def test_max_restarts_zero_fails_at_once():
 
 
 def test_eviction_restarts_without_counting():
-    evicted = failed(0, exit_code=137, conditions=[{"type": "DisruptionTarget", "status": "True",
-                                                    "reason": "TerminationByKubelet", "message": "node pressure"}])
+    evicted = failed(
+        0,
+        exit_code=137,
+        conditions=[
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": "node pressure"}
+        ],
+    )
     facts = RunFacts(nodes=2, max_restarts=0)
     result = assess(facts, batch_job(), [evicted, failed(1, message="NCCL timeout")], None, NOW)
     assert result.phase == "Restarting"
@@ -217,8 +259,9 @@ def test_eviction_restarts_without_counting():
 
 
 def test_preemption_is_named():
-    preempted = failed(0, conditions=[{"type": "DisruptionTarget", "status": "True",
-                                       "reason": "PreemptionByScheduler"}])
+    preempted = failed(
+        0, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+    )
     result = assess(FACTS, batch_job(), [preempted], None, NOW)
     assert cond(result.status, "Running")["reason"] == "Preempted"
 
@@ -268,8 +311,16 @@ def test_non_retryable_trainer_errors_fail_at_once(reason):
 
 
 def test_job_deadline_exceeded():
-    job = batch_job(conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-                                 "message": "Job was active longer than specified deadline"}])
+    job = batch_job(
+        conditions=[
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "DeadlineExceeded",
+                "message": "Job was active longer than specified deadline",
+            }
+        ]
+    )
     result = assess(FACTS, job, [], None, NOW)
     assert result.phase == "Failed"
     assert cond(result.status, "Failed")["reason"] == "DeadlineExceeded"
@@ -396,7 +447,9 @@ def test_reassessing_an_unchanged_world_changes_nothing():
 def test_reason_from_text_helper():
     assert reason_from_termination_message("")[0] is None
     assert reason_from_termination_message('{"reason": "VLLMError", "message": "engine died"}') == (
-        "VLLMError", "engine died")
+        "VLLMError",
+        "engine died",
+    )
 
 
 # --- property: any garbage in, a well-formed status out --------------------------------------
@@ -408,24 +461,55 @@ json_values = st.recursive(
 )
 k8s_like = st.dictionaries(
     st.sampled_from(["metadata", "spec", "status"]),
-    st.dictionaries(st.sampled_from(["uid", "suspend", "conditions", "phase", "containerStatuses", "ownerReferences",
-                                     "deletionTimestamp", "startTime", "labels", "lastFailure", "restarts"]),
-                    json_values, max_size=5),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "uid",
+                "suspend",
+                "conditions",
+                "phase",
+                "containerStatuses",
+                "ownerReferences",
+                "deletionTimestamp",
+                "startTime",
+                "labels",
+                "lastFailure",
+                "restarts",
+            ]
+        ),
+        json_values,
+        max_size=5,
+    ),
     max_size=3,
 )
 
 
 @settings(max_examples=600, deadline=None)
 @example(job=None, pods=[], previous={"phase": []}, progress=None, nodes=1, restarts=0)  # found by CI: unhashable phase
-@given(job=st.none() | k8s_like, pods=st.lists(k8s_like, max_size=4), previous=st.none() | json_values,
-       progress=st.none() | json_values, nodes=st.integers(1, 4), restarts=st.integers(0, 3))
+@given(
+    job=st.none() | k8s_like,
+    pods=st.lists(k8s_like, max_size=4),
+    previous=st.none() | json_values,
+    progress=st.none() | json_values,
+    nodes=st.integers(1, 4),
+    restarts=st.integers(0, 3),
+)
 def test_garbage_never_crashes(job, pods, previous, progress, nodes, restarts):
     previous = previous if isinstance(previous, dict) else None
     progress = progress if isinstance(progress, dict) else None
-    result = assess(RunFacts(nodes=nodes, max_restarts=restarts, stall_timeout_seconds=5), job, pods,
-                    previous, NOW, progress)
-    assert result.status["phase"] in {"Pending", "Queued", "Suspended", "Starting", "Running", "Restarting",
-                                      "Succeeded", "Failed"}
+    result = assess(
+        RunFacts(nodes=nodes, max_restarts=restarts, stall_timeout_seconds=5), job, pods, previous, NOW, progress
+    )
+    assert result.status["phase"] in {
+        "Pending",
+        "Queued",
+        "Suspended",
+        "Starting",
+        "Running",
+        "Restarting",
+        "Succeeded",
+        "Failed",
+    }
     assert "progress" not in result.status
     json.dumps(result.status)
 
@@ -450,9 +534,19 @@ def test_deleted_pod_counts_when_the_job_itself_failed():
 
 def test_oom_first_then_job_controller_deletes_the_rest_is_counted():
     cause = failed(0, reason="OOMKilled", exit_code=137, finished="2026-01-02T03:01:00Z")
-    deleted = failed(1, exit_code=143, finished="2026-01-02T03:01:30Z",
-                     conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-                                  "lastTransitionTime": "2026-01-02T03:01:20Z"}])
+    deleted = failed(
+        1,
+        exit_code=143,
+        finished="2026-01-02T03:01:30Z",
+        conditions=[
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "TerminationByKubelet",
+                "lastTransitionTime": "2026-01-02T03:01:20Z",
+            }
+        ],
+    )
     deleted["metadata"]["deletionTimestamp"] = "2026-01-02T03:01:10Z"
     job = batch_job(conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
     result = assess(FACTS, job, [deleted, cause], None, NOW)
@@ -473,6 +567,9 @@ def test_terminal_phase_check_takes_any_value():
     from colocgrpo_operator.controller.housekeeping import ttl_deadline
 
     for phase in ([], {}, None, 3, "Succeeded"):
-        cr = {"status": {"phase": phase, "completionTime": "2026-01-02T03:04:05Z"}, "spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}}}
+        cr = {
+            "status": {"phase": phase, "completionTime": "2026-01-02T03:04:05Z"},
+            "spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}},
+        }
         deadline = ttl_deadline(cr)
         assert (deadline is not None) == (phase == "Succeeded")

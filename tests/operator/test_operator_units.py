@@ -39,8 +39,15 @@ def test_parsed_spec_builds_run_facts():
     parsed = ParsedSpec(body)
     assert parsed.problems == []
     facts = parsed.facts
-    assert (facts.nodes, facts.gpus_per_node, facts.max_restarts, facts.suspend, facts.queue_name,
-            facts.stall_timeout_seconds, facts.generation) == (1, 0, 2, True, "q", 60, 3)
+    assert (
+        facts.nodes,
+        facts.gpus_per_node,
+        facts.max_restarts,
+        facts.suspend,
+        facts.queue_name,
+        facts.stall_timeout_seconds,
+        facts.generation,
+    ) == (1, 0, 2, True, "q", 60, 3)
     assert parsed.plan_warning is None  # CPU job: no memory plan
 
 
@@ -62,11 +69,27 @@ def test_gpu_job_gets_a_plan_condition_input():
 
 
 @settings(max_examples=200, deadline=None)
-@given(garbage=st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
-                            max_leaves=15),
-       field=st.sampled_from(["spec", "model", "dataset", "resources", "rewards", "runPolicy", "trainerArgs",
-                              "scheduling", "vllm", "metadata"]))
+@given(
+    garbage=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+        max_leaves=15,
+    ),
+    field=st.sampled_from(
+        [
+            "spec",
+            "model",
+            "dataset",
+            "resources",
+            "rewards",
+            "runPolicy",
+            "trainerArgs",
+            "scheduling",
+            "vllm",
+            "metadata",
+        ]
+    ),
+)
 def test_garbage_specs_are_refused_with_field_paths_never_raised(garbage, field):
     body = tiny()
     if field == "spec":
@@ -114,9 +137,13 @@ def test_status_patch_nulls_removed_keys_and_never_touches_progress():
 
 def test_snapshots_keep_what_status_needs_and_detach():
     pod = {
-        "metadata": {"name": "p", "uid": "u", "labels": {"batch.kubernetes.io/job-completion-index": "0", "x": "y"},
-                     "ownerReferences": [{"uid": "j", "kind": "Job", "name": "demo", "controller": True}],
-                     "managedFields": [{"huge": True}]},
+        "metadata": {
+            "name": "p",
+            "uid": "u",
+            "labels": {"batch.kubernetes.io/job-completion-index": "0", "x": "y"},
+            "ownerReferences": [{"uid": "j", "kind": "Job", "name": "demo", "controller": True}],
+            "managedFields": [{"huge": True}],
+        },
         "spec": {"nodeName": "n", "containers": [{"name": "trainer"}]},
         "status": {"phase": "Running", "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]},
     }
@@ -125,12 +152,20 @@ def test_snapshots_keep_what_status_needs_and_detach():
     assert snap["metadata"]["labels"] == {"batch.kubernetes.io/job-completion-index": "0"}
     pod["status"]["phase"] = "Failed"
     assert snap["status"]["phase"] == "Running"
-    job = batch_job_snapshot({"metadata": {"name": "demo", "uid": "j"}, "spec": {"suspend": True, "template": {}},
-                              "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    job = batch_job_snapshot(
+        {
+            "metadata": {"name": "demo", "uid": "j"},
+            "spec": {"suspend": True, "template": {}},
+            "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+        }
+    )
     assert job["spec"] == {"suspend": True} and job["status"]["conditions"][0]["type"] == "Complete"
     body = tiny()
-    body["metadata"]["annotations"] = {"colocgrpo.io/last-handled-configuration": "{...}",
-                                       "colocgrpo.io/gpu-memory-gib": "80", "team": "a"}
+    body["metadata"]["annotations"] = {
+        "colocgrpo.io/last-handled-configuration": "{...}",
+        "colocgrpo.io/gpu-memory-gib": "80",
+        "team": "a",
+    }
     cr = job_resource_snapshot(copy.deepcopy(body))
     assert cr["metadata"]["annotations"] == {"colocgrpo.io/gpu-memory-gib": "80", "team": "a"}
 
@@ -153,10 +188,16 @@ def test_indices_keep_views_packed_and_hand_them_out_decoded():
 
 
 def test_watch_view_shows_phase_step_reward_and_conditions():
-    obj = {"metadata": {"name": "demo", "namespace": "ns"},
-           "status": {"phase": "Running", "message": "2/2 workers running", "restarts": 1,
-                      "progress": {"step": 5, "maxSteps": 10, "metrics": {"reward": 0.625}},
-                      "conditions": [{"type": "Stalled", "status": "True", "reason": "Stalled", "message": "no progress"}]}}
+    obj = {
+        "metadata": {"name": "demo", "namespace": "ns"},
+        "status": {
+            "phase": "Running",
+            "message": "2/2 workers running",
+            "restarts": 1,
+            "progress": {"step": 5, "maxSteps": 10, "metrics": {"reward": 0.625}},
+            "conditions": [{"type": "Stalled", "status": "True", "reason": "Stalled", "message": "no progress"}],
+        },
+    }
     console = Console(record=True, width=120)
     console.print(render_view(obj))
     text = console.export_text()
@@ -166,14 +207,21 @@ def test_watch_view_shows_phase_step_reward_and_conditions():
 
 def test_logs_picks_the_newest_live_pod_of_the_rank():
     def pod(name, index, created, deleting=False):
-        meta = {"name": name, "creationTimestamp": created,
-                "labels": {"batch.kubernetes.io/job-completion-index": str(index)}}
+        meta = {
+            "name": name,
+            "creationTimestamp": created,
+            "labels": {"batch.kubernetes.io/job-completion-index": str(index)},
+        }
         if deleting:
             meta["deletionTimestamp"] = "2026-01-01T00:00:09Z"
         return {"metadata": meta}
 
-    pods = [pod("old", 1, "2026-01-01T00:00:01Z"), pod("new", 1, "2026-01-01T00:00:05Z"),
-            pod("dying", 1, "2026-01-01T00:00:08Z", deleting=True), pod("zero", 0, "2026-01-01T00:00:02Z")]
+    pods = [
+        pod("old", 1, "2026-01-01T00:00:01Z"),
+        pod("new", 1, "2026-01-01T00:00:05Z"),
+        pod("dying", 1, "2026-01-01T00:00:08Z", deleting=True),
+        pod("zero", 0, "2026-01-01T00:00:02Z"),
+    ]
     assert pick_pod(pods, 1)["metadata"]["name"] == "new"
     assert pick_pod(pods, 0)["metadata"]["name"] == "zero"
     assert pick_pod(pods, 2) is None
@@ -184,11 +232,20 @@ def test_ttl_deadline_derives_from_completion_time():
 
     from colocgrpo_operator.controller.housekeeping import ttl_deadline
 
-    cr = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 30}},
-          "status": {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}}
+    cr = {
+        "spec": {"runPolicy": {"ttlSecondsAfterFinished": 30}},
+        "status": {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"},
+    }
     assert ttl_deadline(cr) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
     assert ttl_deadline(dict(cr, status={"phase": "Running", "completionTime": "2026-01-01T00:00:00Z"})) is None
     assert ttl_deadline(dict(cr, spec={})) is None
     assert ttl_deadline(dict(cr, status={"phase": "Failed"})) is None
-    assert ttl_deadline({"spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}},
-                         "status": {"phase": "Failed", "completionTime": "2026-01-01T00:00:00Z"}}) is not None
+    assert (
+        ttl_deadline(
+            {
+                "spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}},
+                "status": {"phase": "Failed", "completionTime": "2026-01-01T00:00:00Z"},
+            }
+        )
+        is not None
+    )

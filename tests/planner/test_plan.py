@@ -71,8 +71,11 @@ def test_seed_job_fits_with_numbers():
 
 
 def test_72b_on_one_gpu_does_not_fit_and_names_the_term():
-    spec = {"model": {"name": "Qwen/Qwen2.5-72B-Instruct"}, "resources": {"gpusPerNode": 1},
-            "vllm": {"maxModelLen": 2048}}
+    spec = {
+        "model": {"name": "Qwen/Qwen2.5-72B-Instruct"},
+        "resources": {"gpusPerNode": 1},
+        "vllm": {"maxModelLen": 2048},
+    }
     plan = plan_from_spec(spec)
     assert not plan.fits
     text = " ".join(plan.problems)
@@ -136,11 +139,21 @@ def test_no_gradient_checkpointing_costs_more_activations():
 def test_local_config_json(tmp_path):
     model_dir = tmp_path / "my-model"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-        "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
-        "max_position_embeddings": 32768,
-    }))
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 896,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 14,
+                "num_key_value_heads": 2,
+                "intermediate_size": 4864,
+                "vocab_size": 151936,
+                "tie_word_embeddings": True,
+                "max_position_embeddings": 32768,
+            }
+        )
+    )
     # relative path resolved against the job file's directory
     plan = plan_from_spec({"model": {"name": "my-model"}, "vllm": {"maxModelLen": 1024}}, base_dir=tmp_path)
     assert plan.fits
@@ -161,8 +174,13 @@ def test_unknown_model_needs_parameter_count():
 
 
 def test_parameter_count_gives_an_approximate_plan():
-    plan = plan_from_spec({"model": {"name": "acme/mystery-9b", "parameterCount": 9_000_000_000},
-                           "resources": {"gpusPerNode": 8}, "vllm": {"maxModelLen": 2048}})
+    plan = plan_from_spec(
+        {
+            "model": {"name": "acme/mystery-9b", "parameterCount": 9_000_000_000},
+            "resources": {"gpusPerNode": 8},
+            "vllm": {"maxModelLen": 2048},
+        }
+    )
     assert plan.inputs.shape.approximate
     assert plan.inputs.parameter_count == pytest.approx(9e9, rel=0.05)
     assert any("approximate" in w for w in plan.warnings)
@@ -226,8 +244,15 @@ def test_planner_imports_no_torch():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    model=st.sampled_from(["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-32B", "meta-llama/Llama-3.1-8B",
-                           "HuggingFaceTB/SmolLM2-360M"]),
+    model=st.sampled_from(
+        [
+            "Qwen/Qwen2.5-0.5B",
+            "Qwen/Qwen2.5-7B",
+            "Qwen/Qwen2.5-32B",
+            "meta-llama/Llama-3.1-8B",
+            "HuggingFaceTB/SmolLM2-360M",
+        ]
+    ),
     gpus=st.sampled_from([1, 2, 4, 8]),
     tp=st.sampled_from([1, 2, 4]),
     util=st.floats(min_value=0.05, max_value=0.95),
@@ -241,8 +266,12 @@ def test_verdict_is_consistent_with_the_numbers(model, gpus, tp, util, batch, co
     spec = {
         "model": {"name": model},
         "resources": {"gpusPerNode": gpus},
-        "vllm": {"tensorParallelSize": min(tp, gpus), "gpuMemoryUtilization": util, "sleepPolicy": sleep,
-                 "maxModelLen": 512 + completion},
+        "vllm": {
+            "tensorParallelSize": min(tp, gpus),
+            "gpuMemoryUtilization": util,
+            "sleepPolicy": sleep,
+            "maxModelLen": 512 + completion,
+        },
         "dataset": {"maxPromptTokens": 512},
         "deepspeed": {"zeroStage": zero, "offloadOptimizer": "cpu" if offload and zero else "none"},
         "trainerArgs": {"per_device_train_batch_size": batch, "max_completion_length": completion},

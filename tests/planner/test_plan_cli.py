@@ -13,8 +13,6 @@ REPO = Path(__file__).resolve().parents[2]
 SEED_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
 
 
-
-
 def write_job(tmp_path: Path, spec: dict, name: str = "job") -> Path:
     job = {"apiVersion": "colocgrpo.io/v1alpha1", "kind": "ColocGRPOJob", "metadata": {"name": name}, "spec": spec}
     path = tmp_path / f"{name}.yaml"
@@ -29,8 +27,11 @@ def base_spec(model: str, gpus: int = 8, tp: int = 4, **model_fields) -> dict:
         "resources": {"nodes": 1, "gpusPerNode": gpus},
         "vllm": {"tensorParallelSize": tp, "gpuMemoryUtilization": 0.35, "maxModelLen": 1536},
         "rewards": [{"function": "accuracy"}],
-        "trainerArgs": {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4,
-                        "max_completion_length": 1024},
+        "trainerArgs": {
+            "per_device_train_batch_size": 16,
+            "gradient_accumulation_steps": 4,
+            "max_completion_length": 1024,
+        },
     }
 
 
@@ -108,10 +109,20 @@ def test_bad_input_exit_2(tmp_path):
 def test_local_model_dir_relative_to_job_file(tmp_path):
     model_dir = tmp_path / "models" / "tiny"
     model_dir.mkdir(parents=True)
-    (model_dir / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": True,
-    }))
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 256,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     spec = base_spec("models/tiny", gpus=1, tp=1)
     result = colocgrpo("plan", "-f", str(write_job(tmp_path, spec)), "--json")
     assert result.returncode == 0, result.stderr

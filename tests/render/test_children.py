@@ -126,6 +126,7 @@ def test_zero3_settings_follow_world_size_and_offload(obj, one_gpu):
         assert "memory_efficient_linear" not in zero  # DeepSpeed's default (True)
         assert zero["reduce_bucket_size"] == "auto"
 
+
 def test_secret_is_an_env_reference_never_config():
     obj = load_example("seed-qwen14b-tp4.yaml", secrets={"huggingFaceToken": {"name": "hf", "key": "token"}})
     children = children_by_kind(obj)
@@ -216,7 +217,12 @@ def test_checkpoint_pvc_reward_configmap_and_offline_cache():
 
 def test_trainer_rbac_patches_only_its_own_status(seed):
     rules = seed["Role"]["rules"]
-    assert {"apiGroups": ["colocgrpo.io"], "resources": ["colocgrpojobs/status"], "resourceNames": ["seed-qwen14b-tp4"], "verbs": ["get", "patch"]} in rules
+    assert {
+        "apiGroups": ["colocgrpo.io"],
+        "resources": ["colocgrpojobs/status"],
+        "resourceNames": ["seed-qwen14b-tp4"],
+        "verbs": ["get", "patch"],
+    } in rules
     for rule in rules:
         assert rule["resourceNames"] == ["seed-qwen14b-tp4"]
         assert set(rule["verbs"]) <= {"get", "patch"}
@@ -224,7 +230,9 @@ def test_trainer_rbac_patches_only_its_own_status(seed):
             assert rule["verbs"] == ["get"]
     binding = seed["RoleBinding"]
     assert binding["roleRef"]["name"] == seed["Role"]["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "seed-qwen14b-tp4-trainer", "namespace": "research"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "seed-qwen14b-tp4-trainer", "namespace": "research"}
+    ]
     assert pod_spec(seed)["serviceAccountName"] == "seed-qwen14b-tp4-trainer"
     assert pod_spec(seed)["automountServiceAccountToken"] is True
 
@@ -245,11 +253,22 @@ def test_scheduling_pod_template_and_deadline_overrides():
         scheduling={
             "nodeSelector": {"gpu": "h200"},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                        ]
+                    }
+                }
+            },
             "priorityClassName": "training",
         },
         podTemplate={
-            "env": [{"name": "EXTRA", "value": "1"}, {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            "env": [
+                {"name": "EXTRA", "value": "1"},
+                {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            ],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
             "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
             "labels": {"team": "rl", "colocgrpo.io/job-name": "spoofed"},

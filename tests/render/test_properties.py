@@ -49,10 +49,14 @@ def valid_jobs(draw) -> dict:
     gpus = draw(st.sampled_from([0, 1, 2, 4, 8, 16]))
     tp = draw(st.sampled_from([d for d in (1, 2, 4, 8, 16) if gpus and gpus % d == 0] or [1]))
     spec: dict = {
-        "model": {"name": draw(st.sampled_from(["Qwen/Qwen2.5-14B-Instruct", "/models/tiny"])),
-                  "dtype": draw(st.sampled_from(["bfloat16", "float16", "float32", "auto"]))},
+        "model": {
+            "name": draw(st.sampled_from(["Qwen/Qwen2.5-14B-Instruct", "/models/tiny"])),
+            "dtype": draw(st.sampled_from(["bfloat16", "float16", "float32", "auto"])),
+        },
         "dataset": {"name": "open-r1/OpenR1-Math-220k", "split": draw(st.sampled_from(["train", "train[:10%]"]))},
-        "rewards": [{"function": f, "weight": draw(st.floats(-10, 10))} for f in draw(st.lists(rewards, min_size=1, max_size=4))],
+        "rewards": [
+            {"function": f, "weight": draw(st.floats(-10, 10))} for f in draw(st.lists(rewards, min_size=1, max_size=4))
+        ],
         "resources": {"nodes": draw(st.integers(1, 64)), "gpusPerNode": gpus},
         "vllm": {
             "tensorParallelSize": tp,
@@ -118,7 +122,10 @@ def test_valid_jobs_render_objects_kubernetes_accepts(obj):
 
 # (path that must be named, mutation)
 MUTATIONS = [
-    ("spec.vllm.tensorParallelSize", lambda s: s["resources"].update(gpusPerNode=8) or s["vllm"].update(tensorParallelSize=3)),
+    (
+        "spec.vllm.tensorParallelSize",
+        lambda s: s["resources"].update(gpusPerNode=8) or s["vllm"].update(tensorParallelSize=3),
+    ),
     ("spec.vllm.gpuMemoryUtilization", lambda s: s["vllm"].update(gpuMemoryUtilization=1.0)),
     ("spec.resources.nodes", lambda s: s["resources"].update(nodes=0)),
     ("spec.resources.gpusPerNode", lambda s: s["resources"].update(gpusPerNode="eight")),
@@ -155,15 +162,35 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
-spec_keys = st.sampled_from(["model", "dataset", "rewards", "resources", "vllm", "deepspeed", "trainerArgs",
-                             "checkpoint", "scheduling", "podTemplate", "runPolicy", "secrets", "image", "command"])
+spec_keys = st.sampled_from(
+    [
+        "model",
+        "dataset",
+        "rewards",
+        "resources",
+        "vllm",
+        "deepspeed",
+        "trainerArgs",
+        "checkpoint",
+        "scheduling",
+        "podTemplate",
+        "runPolicy",
+        "secrets",
+        "image",
+        "command",
+    ]
+)
 
 
 @PROFILE
 @example({"metadata": {"name": 5}, "spec": {}})
 @example({"metadata": {"name": ["x"]}, "spec": {"resources": {"gpusPerNode": True}, "vllm": {"tensorParallelSize": 0}}})
 @example({"apiVersion": 1, "kind": None, "metadata": None, "spec": None})
-@given(st.one_of(json_values, st.fixed_dictionaries({"metadata": json_values, "spec": st.dictionaries(spec_keys, json_values)})))
+@given(
+    st.one_of(
+        json_values, st.fixed_dictionaries({"metadata": json_values, "spec": st.dictionaries(spec_keys, json_values)})
+    )
+)
 def test_garbage_never_raises_anything_but_a_field_error(obj):
     try:
         job = parse_job(obj)

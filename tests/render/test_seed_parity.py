@@ -116,7 +116,16 @@ def test_topology_one_node_eight_gpus_tp4(rendered):
 
 
 # Keys the recipe carries that are deliberately not passed on, with the reason in a note.
-DROPPED_WITH_NOTE = {"use_vllm", "vllm_tp", "do_eval", "eval_strategy", "overwrite_output_dir", "save_strategy", "bf16", "warmup_ratio"}
+DROPPED_WITH_NOTE = {
+    "use_vllm",
+    "vllm_tp",
+    "do_eval",
+    "eval_strategy",
+    "overwrite_output_dir",
+    "save_strategy",
+    "bf16",
+    "warmup_ratio",
+}
 
 
 def test_every_seed_key_is_accounted_for(rendered):

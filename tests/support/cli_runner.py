@@ -17,5 +17,10 @@ def run_colocgrpo(*args: str, stdin: str | None = None) -> subprocess.CompletedP
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
     return subprocess.run(
         [sys.executable, "-m", "colocgrpo_operator.cli", *args],
-        input=stdin, capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
     )

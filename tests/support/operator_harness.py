@@ -46,9 +46,17 @@ class OperatorProcess:
 
     def start(self, timeout: float = 60) -> None:
         self.liveness_port, self.metrics_port = free_port(), free_port()
-        args = [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={self.kubeconfig}",
-                f"--liveness-port={self.liveness_port}", f"--metrics-port={self.metrics_port}",
-                f"--recheck-seconds={self.recheck_seconds}", "--trainer-image=colocgrpo/trainer:test"]
+        args = [
+            sys.executable,
+            "-m",
+            "colocgrpo_operator.cli",
+            "operator",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--liveness-port={self.liveness_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--recheck-seconds={self.recheck_seconds}",
+            "--trainer-image=colocgrpo/trainer:test",
+        ]
         for namespace in self.namespaces:
             args.append(f"--namespace={namespace}")
         env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
@@ -111,8 +119,7 @@ class Cluster:
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(body)
         body.setdefault("metadata", {})["namespace"] = namespace
-        return self.api.request("POST", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs",
-                                body=body)
+        return self.api.request("POST", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs", body=body)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         from colocgrpo_operator.controller.kube import KubeApiError
@@ -135,7 +142,9 @@ class Cluster:
 
     def list(self, prefix: str, plural: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
         query = {"labelSelector": selector} if selector else None
-        return (self.api.request("GET", f"{prefix}/namespaces/{namespace}/{plural}", query=query) or {}).get("items", [])
+        return (self.api.request("GET", f"{prefix}/namespaces/{namespace}/{plural}", query=query) or {}).get(
+            "items", []
+        )
 
     def batch_jobs(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return self.list("/apis/batch/v1", "jobs", namespace, f"colocgrpo.io/job-name={job}")
@@ -144,15 +153,24 @@ class Cluster:
         return self.list("/api/v1", "pods", namespace, f"colocgrpo.io/job-name={job}")
 
     def patch_batch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.api.request("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}", body=patch,
-                                content_type="application/merge-patch+json")
+        return self.api.request(
+            "PATCH",
+            f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
 
     def events(self, namespace: str) -> list[dict[str, Any]]:
         return self.list("/api/v1", "events", namespace)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25,
-             on_timeout: Callable[[], str] | None = None) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.25,
+    on_timeout: Callable[[], str] | None = None,
+) -> Any:
     """Poll until predicate() is truthy (returns it) or fail with what was last seen."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -182,5 +200,3 @@ def tiny_job(name: str, **spec_overrides: Any) -> dict[str, Any]:
         else:
             body["spec"][section] = value
     return body
-
-

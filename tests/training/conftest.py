@@ -24,7 +24,6 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
-
 # A single CPU process: distributed variables that other tests left in this process must not
 # make a trainer subprocess wait for a rendezvous.
 _DISTRIBUTED_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
@@ -35,9 +34,7 @@ def trainer_env() -> Callable[[Path], dict[str, str]]:
     """Environment for a trainer subprocess: offline, one thread, no cluster, no rendezvous."""
 
     def build(workdir: Path) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_VARS and not k.startswith("ACCELERATE_")
-        }
+        env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_VARS and not k.startswith("ACCELERATE_")}
         env.update(
             COLOCGRPO_TERMINATION_LOG=str(workdir / "termination-log"),
             HF_HUB_OFFLINE="1",

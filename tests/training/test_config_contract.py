@@ -30,7 +30,12 @@ def job(gpus_per_node: int, **spec_overrides) -> dict:
         "trainerArgs": {"learning_rate": 1e-6, "num_generations": 2, "per_device_train_batch_size": 4, "max_steps": 3},
     }
     if gpus_per_node:
-        spec["vllm"] = {"tensorParallelSize": 2, "gpuMemoryUtilization": 0.4, "sleepPolicy": "level2", "maxModelLen": 1024}
+        spec["vllm"] = {
+            "tensorParallelSize": 2,
+            "gpuMemoryUtilization": 0.4,
+            "sleepPolicy": "level2",
+            "maxModelLen": 1024,
+        }
     spec.update(spec_overrides)
     return {
         "apiVersion": "colocgrpo.io/v1alpha1",
@@ -108,9 +113,15 @@ def test_tiny_cpu_example_trains_through_the_rendered_config(tmp_path, tiny_mode
     env = trainer_env(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "colocgrpo_training", "--config", str(path)],
-        cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = [json.loads(line)["progress"]["step"] for line in result.stdout.splitlines() if line.startswith('{"progress"')]
+    steps = [
+        json.loads(line)["progress"]["step"] for line in result.stdout.splitlines() if line.startswith('{"progress"')
+    ]
     assert steps and steps[-1] == obj["spec"]["trainerArgs"]["max_steps"]
     assert (tmp_path / "checkpoints" / "final" / "config.json").is_file()

@@ -16,6 +16,7 @@ def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
+
 ROWS = [
     {"question": "What is 2 + 3?", "answer": "$5$", "level": 1},
     {"question": "What is 7 + 5?", "answer": "$12$", "level": 2},

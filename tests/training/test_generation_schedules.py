@@ -197,7 +197,9 @@ def test_online_prediction_stays_correct(params, costs):
 def test_prediction_is_exact_for_plain_training(g, s, i, max_steps):
     """Without evaluation, epoch remainders or restarts, the online prediction equals the
     look-ahead for every generate."""
-    params = ScheduleParams(gradient_accumulation_steps=g, steps_per_generation=s, num_iterations=i, max_steps=max_steps)
+    params = ScheduleParams(
+        gradient_accumulation_steps=g, steps_per_generation=s, num_iterations=i, max_steps=max_steps
+    )
     schedule = build_schedule(params)
     micro = global_step = 0
     for event in schedule.events:

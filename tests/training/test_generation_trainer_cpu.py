@@ -60,7 +60,11 @@ def run(tiny_model_dir, tmp_path, monkeypatch, policy: str, steps_per_generation
     def compare(engine_model):
         trainer_params = dict(trainer.model.named_parameters())
         fresh.append(
-            all(torch.equal(p, trainer_params[n].detach()) for n, p in engine_model.named_parameters() if n in trainer_params)
+            all(
+                torch.equal(p, trainer_params[n].detach())
+                for n, p in engine_model.named_parameters()
+                if n in trainer_params
+            )
         )
         seen_weights.append(next(engine_model.parameters()).detach().clone())
 

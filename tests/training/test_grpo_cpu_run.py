@@ -75,7 +75,10 @@ def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir, trainer_env)
     config = write_config(tmp_path, tiny_model_dir, max_steps=2, save_steps=1)
     first = subprocess.run(
         [sys.executable, "-m", "colocgrpo_training", "--config", str(config)],
-        capture_output=True, text=True, env=trainer_env(tmp_path), timeout=300,
+        capture_output=True,
+        text=True,
+        env=trainer_env(tmp_path),
+        timeout=300,
     )
     assert first.returncode == 0, first.stderr[-3000:]
 
@@ -105,7 +108,10 @@ def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir, trainer_env)
     config = write_config(tmp_path, tiny_model_dir, max_steps=3, save_steps=1)
     second = subprocess.run(  # through the user CLI this time
         [sys.executable, "-m", "colocgrpo_operator.cli", "train", "--config", str(config)],
-        capture_output=True, text=True, env=trainer_env(tmp_path), timeout=300,
+        capture_output=True,
+        text=True,
+        env=trainer_env(tmp_path),
+        timeout=300,
     )
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming from {checkpoints / 'checkpoint-2'}" in second.stderr
@@ -119,7 +125,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir, trai
     config = write_config(tmp_path, tiny_model_dir, max_steps=500, save_steps=None)
     process = subprocess.Popen(
         [sys.executable, "-m", "colocgrpo_training", "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=trainer_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=trainer_env(tmp_path),
     )
     try:
         for line in process.stdout:  # wait until training is really stepping

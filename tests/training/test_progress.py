@@ -131,7 +131,9 @@ def test_unreachable_api_never_stops_training(tmp_path):
     api = client.CustomObjectsApi(client.ApiClient(configuration))
     stream = io.StringIO()
     patcher = StatusPatcher(JobRef(name="j", namespace="n"), api)
-    reporter = ProgressReporter(JobRef(name="j", namespace="n"), ProgressSettings(min_interval_seconds=0), patcher, stream)
+    reporter = ProgressReporter(
+        JobRef(name="j", namespace="n"), ProgressSettings(min_interval_seconds=0), patcher, stream
+    )
 
     reporter.on_log(training_args(tmp_path), trainer_state(1, 2), None, logs={"loss": 1.0})
     assert reporter.flush(15)
@@ -155,7 +157,9 @@ def test_a_black_holed_api_does_not_block_the_training_step(tmp_path):
     try:
         configuration = client.Configuration()
         configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        patcher = StatusPatcher(JobRef(name="j", namespace="n"), client.CustomObjectsApi(client.ApiClient(configuration)))
+        patcher = StatusPatcher(
+            JobRef(name="j", namespace="n"), client.CustomObjectsApi(client.ApiClient(configuration))
+        )
         reporter = ProgressReporter(
             JobRef(name="j", namespace="n"), ProgressSettings(min_interval_seconds=0), patcher, io.StringIO()
         )

@@ -51,8 +51,7 @@ def test_tag_count_gives_a_quarter_per_tag_seen_once():
 
 def test_user_reward_resolved_from_reward_modules_dir(tmp_path):
     (tmp_path / "my_rewards.py").write_text(
-        "def length_reward(completions, **kwargs):\n"
-        "    return [float(len(c[0]['content'])) for c in completions]\n"
+        "def length_reward(completions, **kwargs):\n    return [float(len(c[0]['content'])) for c in completions]\n"
     )
     functions, weights = resolve_rewards(
         [RewardSettings(function="format", weight=0.5), RewardSettings(function="my_rewards:length_reward", weight=2)],

@@ -44,7 +44,9 @@ def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
     for step, path in reversed(checkpoints_by_step(output_dir)):
         if is_complete(path):
             return path
-        log.warning("skipping incomplete checkpoint %s (step %d): no %s or trainer_state.json", path, step, COMPLETE_MARKER)
+        log.warning(
+            "skipping incomplete checkpoint %s (step %d): no %s or trainer_state.json", path, step, COMPLETE_MARKER
+        )
     return None
 
 

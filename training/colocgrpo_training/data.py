@@ -114,9 +114,7 @@ def load_split(settings: DatasetSettings) -> Dataset:
     if isinstance(loaded, datasets.DatasetDict | datasets.IterableDataset | datasets.IterableDatasetDict):
         raise DataError(f"dataset {source!r} split {settings.split!r} did not load as a single in-memory split")
     if loaded.num_rows == 0:
-        raise DataError(
-            f"dataset {source!r} split {settings.split!r} is empty; columns: {list(loaded.column_names)}"
-        )
+        raise DataError(f"dataset {source!r} split {settings.split!r} is empty; columns: {list(loaded.column_names)}")
     return loaded
 
 
@@ -130,8 +128,7 @@ def apply_chat_template(tokenizer: PreTrainedTokenizerBase, settings: DatasetSet
         tokenizer.chat_template = template
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
-            "the tokenizer has no chat template and dataset.chatTemplate is not set; "
-            "conversational prompts need one"
+            "the tokenizer has no chat template and dataset.chatTemplate is not set; conversational prompts need one"
         )
 
 

@@ -25,9 +25,7 @@ def load_config(path: str) -> TrainerConfig:
     except FileNotFoundError as err:
         raise InvalidConfigError(f"trainer config {path} does not exist") from err
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
         raise InvalidConfigError(f"trainer config {path}: {problems}") from err
     except ValueError as err:  # bad YAML or an unsupported version
         raise InvalidConfigError(f"trainer config {path}: {err}") from err

@@ -104,4 +104,3 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
         return GRPOConfig(**kwargs)
     except (ValueError, TypeError) as err:
         raise InvalidConfigError(f"grpo: TRL rejected the GRPO settings: {err}") from err
-

@@ -277,11 +277,7 @@ class ProgressReporter(TrainerCallback):
         if self.sender is None or self.patcher is None:
             return
         now = self.clock()
-        due = (
-            final
-            or self.last_patch_at is None
-            or now - self.last_patch_at >= self.settings.min_interval_seconds
-        )
+        due = final or self.last_patch_at is None or now - self.last_patch_at >= self.settings.min_interval_seconds
         if not due or not (final or self.patcher.can_try()):
             return
         self.last_patch_at = now

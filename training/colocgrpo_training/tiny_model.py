@@ -97,7 +97,9 @@ def build_tiny_model(path: str | Path, *, hidden_size: int = 64, num_layers: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colocgrpo_training.tiny_model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m colocgrpo_training.tiny_model", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("path", help="folder to write the model into (created)")
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)

@@ -1,6 +1,6 @@
 """The ColocGRPOJob API (colocgrpo.io/v1alpha1): typed model, validation and CRD.
 
-    from colocgrpo_operator.api import ColocGRPOJob, parse_job, JobSpecError, generate_crd
+from colocgrpo_operator.api import ColocGRPOJob, parse_job, JobSpecError, generate_crd
 """
 
 from colocgrpo_operator.api.crd import generate_crd

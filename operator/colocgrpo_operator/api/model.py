@@ -30,7 +30,9 @@ MAX_LIST_ITEMS = 64
 MAX_MAP_ENTRIES = 256
 
 # Kubernetes resource quantity ("8", "32Gi", "500m", or a plain integer).
-QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
 
@@ -63,9 +65,7 @@ Timestamp = Annotated[str, Field(max_length=64, json_schema_extra={"format": "da
 
 def _free_form(description: str) -> Any:
     """A Kubernetes core type we pass through untouched (validated by the API server on the child)."""
-    return WithJsonSchema(
-        {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description}
-    )
+    return WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description})
 
 
 class _Spec(BaseModel):
@@ -107,7 +107,9 @@ class ModelSpec(_Spec):
 class DatasetSpec(_Spec):
     """Prompts for GRPO."""
 
-    name: ShortString = Field(description="Hugging Face Hub dataset id, or a local file/directory in the pod (jsonl, json, parquet).")
+    name: ShortString = Field(
+        description="Hugging Face Hub dataset id, or a local file/directory in the pod (jsonl, json, parquet)."
+    )
     config: ShortString | None = Field(default=None, description="Dataset configuration name on the Hub.")
     split: ShortString = Field(default="train", description="Split to train on.")
     prompt_column: ShortString = Field(default="problem", description="Column holding the prompt text.")
@@ -115,7 +117,9 @@ class DatasetSpec(_Spec):
         default="solution", description="Column holding the gold answer (used by the accuracy reward)."
     )
     system_prompt: LongString | None = Field(default=None, description="System message put before every prompt.")
-    chat_template: LongString | None = Field(default=None, description="Jinja chat template overriding the tokenizer's.")
+    chat_template: LongString | None = Field(
+        default=None, description="Jinja chat template overriding the tokenizer's."
+    )
     max_prompt_tokens: int | None = Field(
         default=None, gt=0, description="Prompts longer than this many tokens are truncated (from the left)."
     )
@@ -124,14 +128,21 @@ class DatasetSpec(_Spec):
 class ResourcesSpec(_Spec):
     """The gang: one pod per node, all GPUs of a node in that pod."""
 
-    nodes: int = Field(default=1, ge=1, description="Number of pods (one per node). No maximum: an oversized job is reported Unschedulable.")
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        description="Number of pods (one per node). No maximum: an oversized job is reported Unschedulable.",
+    )
     gpus_per_node: int = Field(
-        default=1, ge=0, description="nvidia.com/gpu per pod; also processes per pod. 0 makes a CPU job (no vLLM, no DeepSpeed)."
+        default=1,
+        ge=0,
+        description="nvidia.com/gpu per pod; also processes per pod. 0 makes a CPU job (no vLLM, no DeepSpeed).",
     )
     cpu: Quantity | None = Field(default=None, description="CPU request and limit per pod.")
     memory: Quantity | None = Field(default=None, description="Memory request and limit per pod.")
     shared_memory: Quantity | None = Field(
-        default=None, description="Size limit of the memory-backed /dev/shm (NCCL and dataloaders need more than the 64Mi default)."
+        default=None,
+        description="Size limit of the memory-backed /dev/shm (NCCL and dataloaders need more than the 64Mi default).",
     )
     extra: Annotated[dict[str, Quantity], Field(max_length=MAX_MAP_ENTRIES)] = Field(
         default_factory=dict,
@@ -142,14 +153,19 @@ class ResourcesSpec(_Spec):
 class VLLMSpec(_Spec):
     """vLLM colocated inside every training process (tensor-parallel within a node)."""
 
-    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor-parallel size; must divide gpusPerNode.")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, description="vLLM tensor-parallel size; must divide gpusPerNode."
+    )
     gpu_memory_utilization: float = Field(
         default=0.3, gt=0, lt=1, description="Fraction of the whole GPU vLLM may take (not of what is free)."
     )
     sleep_policy: SleepPolicy = Field(
-        default=SleepPolicy.AUTO, description="What vLLM does with its memory between generations: off, level1, level2, auto."
+        default=SleepPolicy.AUTO,
+        description="What vLLM does with its memory between generations: off, level1, level2, auto.",
     )
-    max_model_len: int | None = Field(default=None, gt=0, description="vLLM context window (prompt + completion tokens).")
+    max_model_len: int | None = Field(
+        default=None, gt=0, description="vLLM context window (prompt + completion tokens)."
+    )
     enable_prefix_caching: bool = Field(default=True, description="vLLM automatic prefix caching.")
     max_num_seqs: int | None = Field(default=None, gt=0, description="vLLM's cap on concurrently scheduled sequences.")
     offload_trainer_state: bool = Field(
@@ -177,7 +193,9 @@ class RewardSpec(_Spec):
 class RewardModulesSpec(_Spec):
     """User reward code: a ConfigMap whose files are mounted on the trainer's Python path."""
 
-    config_map_name: DnsName = Field(description="ConfigMap in the job's namespace; each key is a file (e.g. my_rewards.py).")
+    config_map_name: DnsName = Field(
+        description="ConfigMap in the job's namespace; each key is a file (e.g. my_rewards.py)."
+    )
 
 
 class CheckpointSpec(_Spec):
@@ -190,9 +208,13 @@ class CheckpointSpec(_Spec):
     path: Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)] = Field(
         default="/checkpoints", description="Mount path of the checkpoint volume; the trainer's output_dir."
     )
-    save_steps: int | None = Field(default=None, gt=0, description="Save every N optimizer steps; unset = no intermediate checkpoints.")
+    save_steps: int | None = Field(
+        default=None, gt=0, description="Save every N optimizer steps; unset = no intermediate checkpoints."
+    )
     save_total_limit: int | None = Field(default=2, gt=0, description="Keep at most this many checkpoints.")
-    resume: Literal["auto", "never"] = Field(default="auto", description="auto: resume from the latest checkpoint if one exists.")
+    resume: Literal["auto", "never"] = Field(
+        default="auto", description="auto: resume from the latest checkpoint if one exists."
+    )
     save_final_model: bool = Field(default=True, description="Save the final model in Hugging Face format.")
 
 
@@ -210,7 +232,9 @@ class SecretsSpec(_Spec):
 class CacheSpec(_Spec):
     """Hugging Face cache (models, datasets) inside the pods."""
 
-    claim_name: DnsName | None = Field(default=None, description="PersistentVolumeClaim holding the cache; emptyDir without one.")
+    claim_name: DnsName | None = Field(
+        default=None, description="PersistentVolumeClaim holding the cache; emptyDir without one."
+    )
     path: Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)] = Field(
         default="/cache", description="Mount path; HF_HOME is <path>/huggingface."
     )
@@ -267,7 +291,9 @@ class PodTemplateSpec(_Spec):
 
     env: Annotated[
         list[Annotated[EnvVar, _named_object_schema("A core/v1 EnvVar.", ["name"])]], Field(max_length=MAX_LIST_ITEMS)
-    ] = Field(default_factory=list, description="Extra environment variables for the trainer container (core/v1 EnvVar).")
+    ] = Field(
+        default_factory=list, description="Extra environment variables for the trainer container (core/v1 EnvVar)."
+    )
     volumes: Annotated[
         list[Annotated[Volume, _named_object_schema("A core/v1 Volume.", ["name"])]], Field(max_length=MAX_LIST_ITEMS)
     ] = Field(default_factory=list, description="Extra pod volumes (core/v1 Volume).")
@@ -285,8 +311,13 @@ class PodTemplateSpec(_Spec):
 class RunPolicySpec(_Spec):
     """How the gang runs, restarts and ends."""
 
-    suspend: bool = Field(default=False, description="Suspend the job (pods are deleted; resume continues from the last checkpoint). Mutable.")
-    max_restarts: int = Field(default=3, ge=0, description="Whole-gang restarts after a failure before the job is Failed.")
+    suspend: bool = Field(
+        default=False,
+        description="Suspend the job (pods are deleted; resume continues from the last checkpoint). Mutable.",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, description="Whole-gang restarts after a failure before the job is Failed."
+    )
     active_deadline_seconds: int | None = Field(default=None, gt=0, description="Fail the job after running this long.")
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the job this long after it finished. Mutable."
@@ -298,7 +329,8 @@ class RunPolicySpec(_Spec):
 
 # Any JSON value (number, string, list, mapping): no type, so the API server keeps it as is.
 TrainerArgValue = Annotated[
-    Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "description": "A TRL GRPOConfig argument value."})
+    Any,
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "description": "A TRL GRPOConfig argument value."}),
 ]
 
 
@@ -306,12 +338,15 @@ class ColocGRPOJobSpec(_Spec):
     """Desired state of a GRPO training run."""
 
     image: ShortString | None = Field(
-        default=None, description="Trainer image; default: the operator's --trainer-image, else colocgrpo/trainer:<version>."
+        default=None,
+        description="Trainer image; default: the operator's --trainer-image, else colocgrpo/trainer:<version>.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Trainer container imagePullPolicy."
     )
-    command: Annotated[list[Annotated[str, Field(max_length=MAX_LONG_STRING)]], Field(max_length=MAX_LIST_ITEMS)] | None = Field(
+    command: (
+        Annotated[list[Annotated[str, Field(max_length=MAX_LONG_STRING)]], Field(max_length=MAX_LIST_ITEMS)] | None
+    ) = Field(
         default=None, description="Replaces the whole container command (the default launches accelerate or python)."
     )
     model: ModelSpec
@@ -365,7 +400,9 @@ class Condition(_Spec):
 
     type: ConditionType
     status: Literal["True", "False", "Unknown"]
-    reason: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="CamelCase machine-readable reason.")
+    reason: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="CamelCase machine-readable reason."
+    )
     message: Annotated[str, Field(max_length=32768)] | None = None
     last_transition_time: Timestamp | None = None
     observed_generation: int | None = Field(default=None, ge=0)
@@ -387,7 +424,8 @@ class ProgressStatus(_Spec):
     step: int | None = Field(default=None, ge=0)
     max_steps: int | None = Field(default=None, ge=0)
     metrics: Annotated[dict[str, float], Field(max_length=MAX_MAP_ENTRIES)] = Field(
-        default_factory=dict, description="Latest logged metrics: reward, kl, loss, completion_length, step_time_seconds, ..."
+        default_factory=dict,
+        description="Latest logged metrics: reward, kl, loss, completion_length, step_time_seconds, ...",
     )
     last_update_time: Timestamp | None = None
     last_checkpoint: Annotated[str, Field(max_length=4096)] | None = None
@@ -396,12 +434,20 @@ class ProgressStatus(_Spec):
 class FailureStatus(_Spec):
     """The most recent gang failure, as the operator classified it (written by the operator)."""
 
-    reason: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="CamelCase reason: OOMKilled, CUDAOutOfMemory, NCCLTimeout, Evicted, Error, ...")
+    reason: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="CamelCase reason: OOMKilled, CUDAOutOfMemory, NCCLTimeout, Evicted, Error, ..."
+    )
     message: Annotated[str, Field(max_length=32768)] | None = None
-    counted: bool | None = Field(default=None, description="False for evictions and preemptions, which do not count against maxRestarts.")
-    pod: Annotated[str, Field(max_length=MAX_SHORT_STRING)] | None = Field(default=None, description="The pod that failed first.")
+    counted: bool | None = Field(
+        default=None, description="False for evictions and preemptions, which do not count against maxRestarts."
+    )
+    pod: Annotated[str, Field(max_length=MAX_SHORT_STRING)] | None = Field(
+        default=None, description="The pod that failed first."
+    )
     exit_code: int | None = None
-    job_uid: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="uid of the batch Job that failed (each failure is counted once).")
+    job_uid: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="uid of the batch Job that failed (each failure is counted once)."
+    )
     time: Timestamp | None = None
 
 
@@ -409,16 +455,25 @@ class ColocGRPOJobStatus(_Spec):
     """Observed state. The operator owns everything except `progress`, which the trainer owns."""
 
     phase: Phase | None = None
-    message: Annotated[str, Field(max_length=32768)] | None = Field(default=None, description="Human-readable summary of the phase.")
+    message: Annotated[str, Field(max_length=32768)] | None = Field(
+        default=None, description="Human-readable summary of the phase."
+    )
     conditions: Annotated[list[Condition], Field(max_length=MAX_LIST_ITEMS)] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, ge=0)
-    start_time: Timestamp | None = Field(default=None, description="When the gang first started; from then on the spec is immutable (except suspend and TTL).")
+    start_time: Timestamp | None = Field(
+        default=None,
+        description="When the gang first started; from then on the spec is immutable (except suspend and TTL).",
+    )
     completion_time: Timestamp | None = None
     restarts: int = Field(default=0, ge=0, description="Whole-gang restarts so far.")
-    disruptions: int | None = Field(default=None, ge=0, description="Gang restarts after evictions or preemptions (not counted in restarts).")
+    disruptions: int | None = Field(
+        default=None, ge=0, description="Gang restarts after evictions or preemptions (not counted in restarts)."
+    )
     last_failure: FailureStatus | None = Field(default=None, description="The most recent gang failure.")
     workers: WorkersStatus | None = None
-    rank0_pod: DnsName | None = Field(default=None, description="Name of the pod with completion index 0 (logs live there).")
+    rank0_pod: DnsName | None = Field(
+        default=None, description="Name of the pod with completion index 0 (logs live there)."
+    )
     progress: ProgressStatus | None = None
 
 

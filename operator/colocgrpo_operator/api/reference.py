@@ -69,7 +69,9 @@ def field_reference_markdown() -> str:
         out += [f"### `{section}`", "", "| Field | Type | Constraints | Description |", "|---|---|---|---|"]
         node = schema["properties"][section]
         for name, child in node["properties"].items():
-            for path, kind, constraints, description in _rows(child, f"{section}.{name}", name in node.get("required", [])):
+            for path, kind, constraints, description in _rows(
+                child, f"{section}.{name}", name in node.get("required", [])
+            ):
                 out.append(f"| `{path}` | {kind} | {constraints} | {description} |")
         out.append("")
     out.append(END)

@@ -239,8 +239,18 @@ def spec_change_problems(old: dict[str, Any], new: dict[str, Any]) -> list[tuple
     problems = []
     for key in sorted(set(old_spec) | set(new_spec)):
         if old_spec.get(key) != new_spec.get(key):
-            problems.append((f"spec.{key}", "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)"))
+            problems.append(
+                (
+                    f"spec.{key}",
+                    "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)",
+                )
+            )
     for key in sorted(set(old_run) | set(new_run)):
         if old_run.get(key) != new_run.get(key):
-            problems.append((f"spec.runPolicy.{key}", "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)"))
+            problems.append(
+                (
+                    f"spec.runPolicy.{key}",
+                    "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)",
+                )
+            )
     return problems

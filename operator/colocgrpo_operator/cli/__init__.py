@@ -14,7 +14,19 @@ import sys
 from colocgrpo_operator import __version__
 
 # Order here is the order in `colocgrpo --help`.
-SUBCOMMAND_MODULES: list[str] = ["crd", "validate", "render", "from_recipe", "train", "dev_cluster", "plan", "operator", "watch", "logs", "demo"]
+SUBCOMMAND_MODULES: list[str] = [
+    "crd",
+    "validate",
+    "render",
+    "from_recipe",
+    "train",
+    "dev_cluster",
+    "plan",
+    "operator",
+    "watch",
+    "logs",
+    "demo",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,8 +8,10 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "crd", help="print the ColocGRPOJob CRD as YAML",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "crd",
+        help="print the ColocGRPOJob CRD as YAML",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--reference", action="store_true", help="print the Markdown field reference (docs/api.md) instead"

@@ -33,16 +33,25 @@ JOB_NAME = "tiny-cpu"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "demo", help="local cluster + operator + the tiny CPU job trained for real",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "demo",
+        help="local cluster + operator + the tiny CPU job trained for real",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--trainer-python", default=os.environ.get("COLOCGRPO_TRAINER_PYTHON"),
-                        help="python of the trainer venv (default: $COLOCGRPO_TRAINER_PYTHON, else the newest "
-                             "~/.cache/colocgrpo/venv-trainer-*)")
+    parser.add_argument(
+        "--trainer-python",
+        default=os.environ.get("COLOCGRPO_TRAINER_PYTHON"),
+        help="python of the trainer venv (default: $COLOCGRPO_TRAINER_PYTHON, else the newest "
+        "~/.cache/colocgrpo/venv-trainer-*)",
+    )
     parser.add_argument("--example", default=None, help="job file (default: examples/tiny-cpu.yaml)")
-    parser.add_argument("--max-steps", type=int, default=20,
-                        help="trainerArgs.max_steps for the demo job (the example's 2 steps end before the "
-                             "progress is visible); 0 keeps the example's value")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=20,
+        help="trainerArgs.max_steps for the demo job (the example's 2 steps end before the "
+        "progress is visible); 0 keeps the example's value",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     parser.set_defaults(func=run)
 
@@ -95,8 +104,7 @@ class DemoRun:
     def start_cluster(self) -> None:
         from colocgrpo_operator.devcluster import DevCluster
 
-        _say("starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, "
-             "scheduler, kwok")
+        _say("starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok")
         self.cluster = DevCluster()
         self.kubeconfig = self.cluster.up()
         from kubernetes import client, config
@@ -123,9 +131,21 @@ class DemoRun:
         env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")
         with open(log_path, "wb") as log:
             self.operator = subprocess.Popen(
-                [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={self.kubeconfig}",
-                 f"--namespace={NAMESPACE}", f"--liveness-port={port}", "--metrics-port=0", "--recheck-seconds=5"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.repo,
+                [
+                    sys.executable,
+                    "-m",
+                    "colocgrpo_operator.cli",
+                    "operator",
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--namespace={NAMESPACE}",
+                    f"--liveness-port={port}",
+                    "--metrics-port=0",
+                    "--recheck-seconds=5",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.repo,
             )
 
         def live() -> bool:
@@ -144,8 +164,12 @@ class DemoRun:
             _say(f"tiny model present at {model_path}")
             return
         _say(f"building the tiny random model at {model_path}")
-        subprocess.run([str(trainer_python), "-m", "colocgrpo_training.tiny_model", model_path], check=True,
-                       cwd=self.repo, env=self._trainer_env())
+        subprocess.run(
+            [str(trainer_python), "-m", "colocgrpo_training.tiny_model", model_path],
+            check=True,
+            cwd=self.repo,
+            env=self._trainer_env(),
+        )
 
     def apply_job(self, body: dict[str, Any]) -> None:
         from colocgrpo_operator.controller.kube import KubeApiError
@@ -177,7 +201,9 @@ class DemoRun:
         from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
-            return self.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs/{JOB_NAME}")
+            return self.api.request(
+                "GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs/{JOB_NAME}"
+            )
         except KubeApiError as error:
             if error.status == 404:
                 return None
@@ -193,9 +219,11 @@ class DemoRun:
             return obj  # the operator has not written a status yet
         progress = status.get("progress") or {}
         reward = (progress.get("metrics") or {}).get("reward")
-        row = (f"   {JOB_NAME:<10} phase={status.get('phase', '-'):<11} step={progress.get('step', '-')}/"
-               f"{progress.get('maxSteps', '-')}  reward={'-' if reward is None else f'{reward:.4f}'}  "
-               f"{status.get('message', '')}")
+        row = (
+            f"   {JOB_NAME:<10} phase={status.get('phase', '-'):<11} step={progress.get('step', '-')}/"
+            f"{progress.get('maxSteps', '-')}  reward={'-' if reward is None else f'{reward:.4f}'}  "
+            f"{status.get('message', '')}"
+        )
         if force or row != self._last_row:
             print(row, flush=True)
             self._last_row = row
@@ -226,9 +254,15 @@ class DemoRun:
 
     def _trainer_env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")
-        env.update(KUBECONFIG=str(self.kubeconfig or ""), COLOCGRPO_TERMINATION_LOG=str(self.workdir / "termination-log"),
-                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                   OMP_NUM_THREADS="2", PYTHONUNBUFFERED="1")
+        env.update(
+            KUBECONFIG=str(self.kubeconfig or ""),
+            COLOCGRPO_TERMINATION_LOG=str(self.workdir / "termination-log"),
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            OMP_NUM_THREADS="2",
+            PYTHONUNBUFFERED="1",
+        )
         return env
 
     def train_on_host(self, trainer_python: Path, config_path: Path) -> int:
@@ -236,8 +270,13 @@ class DemoRun:
         _say(f"running rank 0 on this host: {trainer_python} -m colocgrpo_training --config {config_path}")
         _say(f"(trainer log: {log_path}; progress below is read back from the job's status)")
         with open(log_path, "wb") as log:
-            trainer = subprocess.Popen([str(trainer_python), "-m", "colocgrpo_training", "--config", str(config_path)],
-                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.repo, env=self._trainer_env())
+            trainer = subprocess.Popen(
+                [str(trainer_python), "-m", "colocgrpo_training", "--config", str(config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.repo,
+                env=self._trainer_env(),
+            )
             deadline = time.monotonic() + self.args.timeout
             while trainer.poll() is None:
                 if time.monotonic() > deadline:
@@ -282,8 +321,11 @@ def run(args: argparse.Namespace) -> int:
     demo = DemoRun(args)
     trainer_python = find_trainer_python(args.trainer_python)
     if trainer_python is None or not trainer_python.is_file():
-        print("error: no trainer venv found (it holds torch and TRL for the host run); build it with "
-              "`make trainer-venv` or pass --trainer-python", file=sys.stderr)
+        print(
+            "error: no trainer venv found (it holds torch and TRL for the host run); build it with "
+            "`make trainer-venv` or pass --trainer-python",
+            file=sys.stderr,
+        )
         return 2
     example = Path(args.example) if args.example else demo.repo / "examples/tiny-cpu.yaml"
     body = yaml.safe_load(example.read_text())
@@ -298,9 +340,12 @@ def run(args: argparse.Namespace) -> int:
         _say("waiting for the operator: children created, gang pod scheduled on a fake GPU node")
         demo.wait_for_phase({"Running", "Failed"}, 120)
         pod = demo.rank0_pod()
-        print(f"   NOTE: pod {pod} runs on a KWOK fake node, and fake nodes run no containers.\n"
-              f"   The trainer runs for real on this host instead, as rank 0, from the config the operator "
-              f"rendered.", flush=True)
+        print(
+            f"   NOTE: pod {pod} runs on a KWOK fake node, and fake nodes run no containers.\n"
+            f"   The trainer runs for real on this host instead, as rank 0, from the config the operator "
+            f"rendered.",
+            flush=True,
+        )
         code = demo.train_on_host(trainer_python, demo.host_config())
         demo.finish_fake_pod(code)
         final = demo.wait_for_phase({"Succeeded", "Failed"}, 60)
@@ -312,9 +357,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         demo.stop_operator()
-    print(f"The cluster is still running. Look around:\n"
-          f"   export KUBECONFIG={demo.kubeconfig}\n"
-          f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {JOB_NAME} -n {NAMESPACE}\n"
-          f"Stop it with: colocgrpo dev cluster down   (or: python -m colocgrpo_operator.cli dev cluster down)",
-          flush=True)
+    print(
+        f"The cluster is still running. Look around:\n"
+        f"   export KUBECONFIG={demo.kubeconfig}\n"
+        f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {JOB_NAME} -n {NAMESPACE}\n"
+        f"Stop it with: colocgrpo dev cluster down   (or: python -m colocgrpo_operator.cli dev cluster down)",
+        flush=True,
+    )
     return 0 if phase == "Succeeded" else 1

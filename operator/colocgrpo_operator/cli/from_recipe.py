@@ -13,15 +13,19 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "from-recipe", help="convert a TRL/open-r1 GRPO recipe YAML into a ColocGRPOJob",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "from-recipe",
+        help="convert a TRL/open-r1 GRPO recipe YAML into a ColocGRPOJob",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("recipe", help="recipe YAML (e.g. open-r1 recipes/.../config.yaml)")
     parser.add_argument("--name", help="metadata.name (default: from the model name)")
     parser.add_argument("--namespace", help="metadata.namespace")
     parser.add_argument("--nodes", type=int, default=1, help="pods, one per node (default 1)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per pod; 0 makes a CPU job (default 8)")
-    parser.add_argument("--tp", type=int, help="vLLM tensor-parallel size (default: the recipe's vllm_tensor_parallel_size, else 1)")
+    parser.add_argument(
+        "--tp", type=int, help="vLLM tensor-parallel size (default: the recipe's vllm_tensor_parallel_size, else 1)"
+    )
     parser.add_argument("-o", "--output", help="write the job here instead of stdout")
     parser.set_defaults(func=run)
 

@@ -17,8 +17,10 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "logs", help="print (or follow) the trainer log of one rank of a job",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "logs",
+        help="print (or follow) the trainer log of one rank of a job",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", help="the ColocGRPOJob's metadata.name")
     parser.add_argument("--rank", type=int, default=0, help="node rank = completion index (default 0)")
@@ -33,11 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
     """The newest live pod of that completion index (pure; tested without a cluster)."""
     candidates = [
-        p for p in pods
-        if (p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) == str(rank)
+        p for p in pods if (p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) == str(rank)
     ]
-    candidates.sort(key=lambda p: (not (p.get("metadata") or {}).get("deletionTimestamp"),
-                                   (p.get("metadata") or {}).get("creationTimestamp") or ""))
+    candidates.sort(
+        key=lambda p: (
+            not (p.get("metadata") or {}).get("deletionTimestamp"),
+            (p.get("metadata") or {}).get("creationTimestamp") or "",
+        )
+    )
     return candidates[-1] if candidates else None
 
 
@@ -57,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
     pods = [api_client.sanitize_for_serialization(p) for p in listing.items]
     pod = pick_pod(pods, args.rank)
     if pod is None:
-        ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) for p in pods}
-                       - {None})
+        ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) for p in pods} - {None})
         if not pods and not _job_exists(api_client, namespace, args.name):
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
             return 2

@@ -14,19 +14,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the ColocGRPOJob operator (all namespaces unless --namespace is given)",
         description="Reconcile ColocGRPOJobs into gangs of pods and report their status.",
     )
-    parser.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
-                        help="watch only this namespace (repeatable; glob patterns allowed); default: all")
-    parser.add_argument("--all-namespaces", "-A", action="store_true",
-                        help="watch every namespace (the default without --namespace; explicit for charts)")
-    parser.add_argument("--trainer-image", default=None,
-                        help="trainer image for jobs without spec.image")
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch only this namespace (repeatable; glob patterns allowed); default: all",
+    )
+    parser.add_argument(
+        "--all-namespaces",
+        "-A",
+        action="store_true",
+        help="watch every namespace (the default without --namespace; explicit for charts)",
+    )
+    parser.add_argument("--trainer-image", default=None, help="trainer image for jobs without spec.image")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0: off)")
-    parser.add_argument("--liveness-port", type=int, default=8080,
-                        help="liveness probe port, path /healthz (0: off)")
+    parser.add_argument("--liveness-port", type=int, default=8080, help="liveness probe port, path /healthz (0: off)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or $KUBECONFIG)")
-    parser.add_argument("--recheck-seconds", type=float, default=None,
-                        help="how often active jobs are re-checked (stall detection granularity; default 10)")
+    parser.add_argument(
+        "--recheck-seconds",
+        type=float,
+        default=None,
+        help="how often active jobs are re-checked (stall detection granularity; default 10)",
+    )
     parser.set_defaults(func=run)
 
 

@@ -29,7 +29,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("-f", "--filename", required=True, help="ColocGRPOJob YAML file ('-' for stdin)")
     parser.add_argument(
-        "--gpu-memory-gib", type=float, default=None,
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
         help="memory per GPU in GiB (default: the job's colocgrpo.io/gpu-memory-gib annotation, else 139.8 = H200)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

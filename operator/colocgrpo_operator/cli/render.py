@@ -12,12 +12,18 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "render", help="print the children of a ColocGRPOJob as multi-document YAML",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "render",
+        help="print the children of a ColocGRPOJob as multi-document YAML",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-f", "--filename", required=True, help="YAML file with one or more ColocGRPOJobs ('-' for stdin)")
+    parser.add_argument(
+        "-f", "--filename", required=True, help="YAML file with one or more ColocGRPOJobs ('-' for stdin)"
+    )
     parser.add_argument("-n", "--namespace", help="namespace for jobs that do not set metadata.namespace")
-    parser.add_argument("--trainer-image", help="default trainer image when spec.image is unset (as the operator's flag)")
+    parser.add_argument(
+        "--trainer-image", help="default trainer image when spec.image is unset (as the operator's flag)"
+    )
     parser.set_defaults(func=run)
 
 

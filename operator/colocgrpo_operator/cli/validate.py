@@ -12,10 +12,14 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "validate", help="validate ColocGRPOJob manifests (exit 1 naming each bad field)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "validate",
+        help="validate ColocGRPOJob manifests (exit 1 naming each bad field)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-f", "--filename", required=True, action="append", help="YAML file ('-' for stdin); repeatable")
+    parser.add_argument(
+        "-f", "--filename", required=True, action="append", help="YAML file ('-' for stdin); repeatable"
+    )
     parser.set_defaults(func=run)
 
 

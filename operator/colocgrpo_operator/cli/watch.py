@@ -18,8 +18,10 @@ TERMINAL = {"Succeeded": 0, "Failed": 1}
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "watch", help="follow a ColocGRPOJob live until it succeeds or fails",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "watch",
+        help="follow a ColocGRPOJob live until it succeeds or fails",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", help="the ColocGRPOJob's metadata.name")
     parser.add_argument("--namespace", "-n", default=None, help="default: the kubeconfig context's namespace")
@@ -52,15 +54,15 @@ def render_view(obj: dict[str, Any]) -> Any:
     line.add_column()
     line.add_column()
     if isinstance(step, int) and isinstance(max_steps, int) and max_steps > 0:
-        line.add_row(ProgressBar(total=max_steps, completed=min(step, max_steps), width=40),
-                     f"step {step}/{max_steps}")
+        line.add_row(ProgressBar(total=max_steps, completed=min(step, max_steps), width=40), f"step {step}/{max_steps}")
     else:
         line.add_row(Text("step -", style="dim"), "")
     parts.append(line)
     shown = {k: metrics[k] for k in ("reward", "kl", "loss", "completion_length", "step_time_seconds") if k in metrics}
     if shown:
-        parts.append(Text("  ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}"
-                                    for k, v in shown.items())))
+        parts.append(
+            Text("  ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in shown.items()))
+        )
     workers = status.get("workers") or {}
     facts = [f"restarts {status.get('restarts', 0)}"]
     if workers:
@@ -79,8 +81,12 @@ def render_view(obj: dict[str, Any]) -> Any:
         style = "green" if flag == "True" else "dim"
         if flag == "True" and condition.get("type") in ("Failed", "Stalled", "PlanWarning"):
             style = "red"
-        table.add_row(str(condition.get("type")), Text(str(flag), style=style), str(condition.get("reason") or ""),
-                      str(condition.get("message") or "")[:200])
+        table.add_row(
+            str(condition.get("type")),
+            Text(str(flag), style=style),
+            str(condition.get("reason") or ""),
+            str(condition.get("message") or "")[:200],
+        )
     parts.append(table)
     return Group(*parts)
 
@@ -89,8 +95,10 @@ def _plain_line(obj: dict[str, Any]) -> str:
     status = obj.get("status") or {}
     progress = status.get("progress") or {}
     reward = (progress.get("metrics") or {}).get("reward")
-    return (f"{status.get('phase') or 'Pending'}  step {progress.get('step', '-')}/{progress.get('maxSteps', '-')}"
-            f"  reward {reward if reward is not None else '-'}  {status.get('message') or ''}")
+    return (
+        f"{status.get('phase') or 'Pending'}  step {progress.get('step', '-')}/{progress.get('maxSteps', '-')}"
+        f"  reward {reward if reward is not None else '-'}  {status.get('message') or ''}"
+    )
 
 
 @reports_cluster_errors
@@ -119,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
     def finished(current: dict[str, Any]) -> int | None:
         return TERMINAL.get((current.get("status") or {}).get("phase"))
 
-    live = None if args.plain or not console.is_terminal else Live(render_view(obj), console=console,
-                                                                     refresh_per_second=4)
+    live = (
+        None if args.plain or not console.is_terminal else Live(render_view(obj), console=console, refresh_per_second=4)
+    )
     last_line = None
 
     def show(current: dict[str, Any]) -> None:
@@ -143,8 +152,15 @@ def run(args: argparse.Namespace) -> int:
                 break
             stream = watch.Watch()
             timeout = int(min(remaining, 60)) + 1 if remaining is not None else 60
-            for event in stream.stream(api.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                                       field_selector=f"metadata.name={args.name}", timeout_seconds=timeout):
+            for event in stream.stream(
+                api.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                field_selector=f"metadata.name={args.name}",
+                timeout_seconds=timeout,
+            ):
                 if event.get("type") == "DELETED":
                     print(f"\nColocGRPOJob {namespace}/{args.name} was deleted", file=sys.stderr)
                     return 1

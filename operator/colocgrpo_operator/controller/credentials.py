@@ -98,8 +98,9 @@ def _temporary_pem(stack: contextlib.ExitStack, pem: str) -> str:
     return handle.name
 
 
-def load_credentials(kubeconfig: str | None = None, environ: Mapping[str, str] = os.environ,
-                     service_account_dir: Path | None = None) -> Credentials:
+def load_credentials(
+    kubeconfig: str | None = None, environ: Mapping[str, str] = os.environ, service_account_dir: Path | None = None
+) -> Credentials:
     """In-cluster credentials when running in a pod (and no kubeconfig is named), else the
     kubeconfig: `kubeconfig`, $KUBECONFIG (several files joined by ':'), ~/.kube/config."""
     service_account_dir = service_account_dir or SERVICE_ACCOUNT_DIR
@@ -114,8 +115,9 @@ def load_credentials(kubeconfig: str | None = None, environ: Mapping[str, str] =
     return kubeconfig_credentials(kubeconfig)
 
 
-def in_cluster_credentials(environ: Mapping[str, str] = os.environ,
-                           service_account_dir: Path | None = None) -> Credentials:
+def in_cluster_credentials(
+    environ: Mapping[str, str] = os.environ, service_account_dir: Path | None = None
+) -> Credentials:
     """The pod's ServiceAccount: the API server from the service env vars, its token and CA."""
     service_account_dir = service_account_dir or SERVICE_ACCOUNT_DIR
     host, port = environ["KUBERNETES_SERVICE_HOST"], environ.get("KUBERNETES_SERVICE_PORT", "443")
@@ -168,7 +170,8 @@ def kubeconfig_credentials(kubeconfig: str) -> Credentials:
         if user.get(plugin):
             raise CredentialsError(
                 f"kubeconfig {kubeconfig}: user {context.get('user')!r} authenticates through an `{plugin}` "
-                "plugin, which the operator does not run; use a ServiceAccount token or a client certificate")
+                "plugin, which the operator does not run; use a ServiceAccount token or a client certificate"
+            )
     if not cluster.get("server"):
         raise CredentialsError(f"kubeconfig {kubeconfig}: cluster {context['cluster']!r} has no server")
 

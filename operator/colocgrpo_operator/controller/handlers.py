@@ -50,8 +50,9 @@ async def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> 
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
-async def batch_jobs_by_owner(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body,
-                        **_: Any) -> dict[Key, str] | None:
+async def batch_jobs_by_owner(
+    namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, str] | None:
     # Only the Job named after its ColocGRPOJob is the gang.
     if labels.get(JOB_NAME_LABEL) != name:
         return None
@@ -63,8 +64,9 @@ async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **
     return {(namespace, labels[JOB_NAME_LABEL]): pack(pod_snapshot(body))}
 
 
-def _reader(key: Key, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
-            pods_by_owner: kopf.Index) -> Callable[[], Inputs]:
+def _reader(
+    key: Key, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index
+) -> Callable[[], Inputs]:
     """Reads one job's inputs from the indices when called (on the event loop, so the
     indices cannot change while it decodes them)."""
 
@@ -84,9 +86,19 @@ def _reconciler(memo: kopf.Memo) -> Reconciler:
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE)
-async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, reason: Any,
-                        old: Any, new: Any, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
-                        pods_by_owner: kopf.Index, **_: Any) -> None:
+async def reconcile_job(
+    namespace: str,
+    name: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    reason: Any,
+    old: Any,
+    new: Any,
+    jobs_by_name: kopf.Index,
+    batch_jobs_by_owner: kopf.Index,
+    pods_by_owner: kopf.Index,
+    **_: Any,
+) -> None:
     """Validate, apply every child (idempotently) and derive status. Safe to run any number
     of times: on create, on every spec change, and for every job when the operator starts."""
     key = (namespace, name)
@@ -101,11 +113,14 @@ async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.M
         problems = spec_change_problems(dict(old, **started), dict(new, **started))
         if problems:
             ensure_children = False
-            kopf.warn(body, reason="ImmutableField",
-                      message="; ".join(f"{path} {text}" for path, text in problems)[:1024])
+            kopf.warn(
+                body, reason="ImmutableField", message="; ".join(f"{path} {text}" for path, text in problems)[:1024]
+            )
     await _reconciler(memo).reconcile(
-        key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
-        trigger=trigger, ensure_children=ensure_children,
+        key,
+        _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+        trigger=trigger,
+        ensure_children=ensure_children,
         fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
     )
     _reconciler(memo).wake_up()  # a changed TTL or a finished job: let the clock look again
@@ -113,21 +128,36 @@ async def reconcile_job(namespace: str, name: str, body: kopf.Body, memo: kopf.M
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
 @kopf.on.event("v1", "pods", labels=CHILD_LABELS)
-async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo,
-                        jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index,
-                        **_: Any) -> None:
+async def child_changed(
+    namespace: str,
+    labels: kopf.Labels,
+    memo: kopf.Memo,
+    jobs_by_name: kopf.Index,
+    batch_jobs_by_owner: kopf.Index,
+    pods_by_owner: kopf.Index,
+    **_: Any,
+) -> None:
     """A Job or pod of some job changed (or vanished): re-derive that job's status, in a task
     of its own (Reconciler.reconcile_soon says why), so this handler returns at once."""
     key = (namespace, labels.get(JOB_NAME_LABEL, ""))
     if not has_view(jobs_by_name, key):
         return  # an orphan, or a job being deleted: garbage collection handles it
-    _reconciler(memo).reconcile_soon(key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner),
-                                     trigger="child")
+    _reconciler(memo).reconcile_soon(
+        key, _reader(key, jobs_by_name, batch_jobs_by_owner, pods_by_owner), trigger="child"
+    )
 
 
 @kopf.on.event(*RESOURCE)
-async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo, jobs_by_name: kopf.Index,
-                    batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index, **_: Any) -> None:
+async def job_event(
+    type: str | None,
+    namespace: str,
+    name: str,
+    memo: kopf.Memo,
+    jobs_by_name: kopf.Index,
+    batch_jobs_by_owner: kopf.Index,
+    pods_by_owner: kopf.Index,
+    **_: Any,
+) -> None:
     """Start the housekeeping loop with the first job seen; forget deleted jobs (caches, phase
     gauge). Everything else is handled above."""
     _ensure_housekeeping(memo, jobs_by_name, batch_jobs_by_owner, pods_by_owner)
@@ -138,8 +168,9 @@ async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo
 # ----------------------------------------------------------------------------- the clock
 
 
-def _ensure_housekeeping(memo: kopf.Memo, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index,
-                         pods_by_owner: kopf.Index) -> None:
+def _ensure_housekeeping(
+    memo: kopf.Memo, jobs_by_name: kopf.Index, batch_jobs_by_owner: kopf.Index, pods_by_owner: kopf.Index
+) -> None:
     """Start, once, the operator-wide loop that re-checks active jobs every RECHECK_SECONDS
     (stall detection needs a clock, and it repairs anything a dropped watch missed) and deletes
     finished jobs when their TTL passes; controller/housekeeping.py says why it is one loop and

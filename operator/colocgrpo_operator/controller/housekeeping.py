@@ -40,8 +40,14 @@ def ttl_deadline(cr: dict[str, Any] | None) -> datetime | None:
 
 
 class Housekeeper:
-    def __init__(self, reconciler: Reconciler, jobs: Any, read_inputs: Callable[[Key], Inputs],
-                 recheck_seconds: float, logger: logging.Logger):
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        jobs: Any,
+        read_inputs: Callable[[Key], Inputs],
+        recheck_seconds: float,
+        logger: logging.Logger,
+    ):
         self.reconciler = reconciler
         self.jobs = jobs  # the jobs_by_name index (live)
         self.read_inputs = read_inputs

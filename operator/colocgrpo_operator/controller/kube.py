@@ -61,8 +61,12 @@ class KubeApiError(Exception):
 def connection_pool(credentials: Credentials, size: int) -> urllib3.PoolManager:
     """Keep-alive connections to the API server, at most `size` open at once (a thread that
     finds them all busy waits for one instead of opening another)."""
-    options: dict[str, Any] = {"maxsize": size, "block": True, "ssl_context": credentials.ssl_context(),
-                               "retries": urllib3.Retry(total=3, redirect=0)}
+    options: dict[str, Any] = {
+        "maxsize": size,
+        "block": True,
+        "ssl_context": credentials.ssl_context(),
+        "retries": urllib3.Retry(total=3, redirect=0),
+    }
     if credentials.insecure:
         options.update(cert_reqs="CERT_NONE", assert_hostname=False)
     if credentials.proxy_url:
@@ -132,15 +136,23 @@ class KubeApi:
         """Create and return the stored object; None when it already exists (409)."""
         meta = obj["metadata"]
         try:
-            return self.request("POST", object_path(obj["kind"], meta["namespace"]), body=obj,
-                                query={"fieldManager": self.field_manager}) or {}
+            return (
+                self.request(
+                    "POST",
+                    object_path(obj["kind"], meta["namespace"]),
+                    body=obj,
+                    query={"fieldManager": self.field_manager},
+                )
+                or {}
+            )
         except KubeApiError as error:
             if error.status == 409:
                 return None
             raise
 
-    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Background",
-               uid: str | None = None) -> bool:
+    def delete(
+        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+    ) -> bool:
         """Delete (optionally only that exact object, by uid); False when already gone."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         if uid:
@@ -154,8 +166,12 @@ class KubeApi:
         return True
 
     def patch_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        self.request("PATCH", object_path("Job", namespace, name), body={"spec": {"suspend": suspend}},
-                     content_type="application/merge-patch+json")
+        self.request(
+            "PATCH",
+            object_path("Job", namespace, name),
+            body={"spec": {"suspend": suspend}},
+            content_type="application/merge-patch+json",
+        )
 
     # -- the ColocGRPOJob itself ---------------------------------------------------------------
 
@@ -163,8 +179,12 @@ class KubeApi:
         """Merge-patch the status subresource. `status` must not contain `progress` (the
         trainer's); a merge patch leaves keys it does not mention untouched."""
         assert "progress" not in status, "the operator never writes status.progress"
-        return self.request("PATCH", job_resource_path(namespace, name, "status"), body={"status": status},
-                            content_type="application/merge-patch+json")
+        return self.request(
+            "PATCH",
+            job_resource_path(namespace, name, "status"),
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
 
     def delete_job_resource(self, namespace: str, name: str, uid: str | None = None) -> bool:
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -21,8 +21,11 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("colocgrpo_reconcile_errors_total", "Reconciles that raised", ["trigger"])
 GANG_RESTARTS = Counter("colocgrpo_gang_restarts_total", "Whole-gang restarts", ["counted"])
-API_REQUESTS = Counter("colocgrpo_operator_api_requests_total", "Kubernetes API requests made by the handlers "
-                       "(kopf's own watches and patches not included)", ["verb"])
+API_REQUESTS = Counter(
+    "colocgrpo_operator_api_requests_total",
+    "Kubernetes API requests made by the handlers (kopf's own watches and patches not included)",
+    ["verb"],
+)
 
 
 class PhaseBook:

@@ -134,8 +134,9 @@ def _resource_version(obj: dict[str, Any] | None) -> int:
 
 
 class Reconciler:
-    def __init__(self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor,
-                 logger: logging.Logger):
+    def __init__(
+        self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor, logger: logging.Logger
+    ):
         self.kube = kube
         self.default_image = default_image
         self.executor = executor
@@ -231,8 +232,7 @@ class Reconciler:
         try:
             await self._reconcile_claimed(key, read_inputs, trigger, False, None)
         except Exception as error:
-            self.logger.warning("reconcile of %s/%s after a child event failed (will re-check): %s",
-                                *key, error)
+            self.logger.warning("reconcile of %s/%s after a child event failed (will re-check): %s", *key, error)
 
     async def cancel_background(self) -> None:
         """Stop the reconciles started by reconcile_soon (at shutdown)."""
@@ -241,8 +241,14 @@ class Reconciler:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _reconcile_claimed(self, key: Key, read_inputs: Callable[[], Inputs], trigger: str,
-                                 ensure_children: bool, fresh_cr: dict[str, Any] | None) -> None:
+    async def _reconcile_claimed(
+        self,
+        key: Key,
+        read_inputs: Callable[[], Inputs],
+        trigger: str,
+        ensure_children: bool,
+        fresh_cr: dict[str, Any] | None,
+    ) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if not ensure_children:
@@ -259,8 +265,15 @@ class Reconciler:
             finally:
                 RECONCILE_SECONDS.labels(trigger=trigger).observe(time.perf_counter() - started)
 
-    async def _reconcile_locked(self, key: Key, cr: dict[str, Any] | None, job: dict[str, Any] | None,
-                                pods: list[dict[str, Any]], *, ensure_children: bool) -> None:
+    async def _reconcile_locked(
+        self,
+        key: Key,
+        cr: dict[str, Any] | None,
+        job: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+        *,
+        ensure_children: bool,
+    ) -> None:
         if cr is None:
             self.forget(key)
             return
@@ -281,28 +294,43 @@ class Reconciler:
             await self._write_status(key, cr, previous, desired)
             return
         try:
-            await self._reconcile_valid(key, cr, job, pods, parsed, previous, progress, now,
-                                        ensure_children=ensure_children)
+            await self._reconcile_valid(
+                key, cr, job, pods, parsed, previous, progress, now, ensure_children=ensure_children
+            )
         finally:
             parsed.release()  # see ParsedSpec
 
-    async def _reconcile_valid(self, key: Key, cr: dict[str, Any], job: dict[str, Any] | None,
-                               pods: list[dict[str, Any]], parsed: ParsedSpec, previous: dict[str, Any],
-                               progress: Any, now: datetime, *, ensure_children: bool) -> None:
+    async def _reconcile_valid(
+        self,
+        key: Key,
+        cr: dict[str, Any],
+        job: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+        parsed: ParsedSpec,
+        previous: dict[str, Any],
+        progress: Any,
+        now: datetime,
+        *,
+        ensure_children: bool,
+    ) -> None:
         meta = cr.get("metadata") or {}
 
         # A Job of the same name that this job does not own (a predecessor with the same name
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
         if job is not None and not _owned_by(job, meta.get("uid")):
             job = None
+
         def decide(batch_job: dict[str, Any] | None) -> tuple[derive.Assessment, dict[str, Any]]:
             assessment = derive.assess(parsed.facts, batch_job, pods, previous, now, progress)
             desired = assessment.status
             if parsed.plan_warning is not None:
                 warn, reason, message = parsed.plan_warning
-                desired = dict(desired, conditions=derive.set_condition(
-                    desired.get("conditions", []), "PlanWarning", warn, reason, message, now,
-                    meta.get("generation")))
+                desired = dict(
+                    desired,
+                    conditions=derive.set_condition(
+                        desired.get("conditions", []), "PlanWarning", warn, reason, message, now, meta.get("generation")
+                    ),
+                )
             return assessment, desired
 
         assessment, desired = decide(job)
@@ -337,13 +365,13 @@ class Reconciler:
             deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], "Foreground", uid)
             if deleted and assessment.failure is not None:
                 GANG_RESTARTS.labels(counted=str(assessment.failure.counted).lower()).inc()
-                self.logger.warning("gang restart after %s: %s", assessment.failure.reason,
-                                    assessment.failure.message)
+                self.logger.warning("gang restart after %s: %s", assessment.failure.reason, assessment.failure.message)
         elif action in (derive.Action.SUSPEND_JOB, derive.Action.RESUME_JOB):
             await self._blocking(self.kube.patch_job_suspend, key[0], key[1], action is derive.Action.SUSPEND_JOB)
 
-    async def _write_status(self, key: Key, cr: dict[str, Any], previous: dict[str, Any],
-                            desired: dict[str, Any]) -> None:
+    async def _write_status(
+        self, key: Key, cr: dict[str, Any], previous: dict[str, Any], desired: dict[str, Any]
+    ) -> None:
         self.phases.set(key, desired.get("phase"))
         if desired == previous:
             return
@@ -393,8 +421,9 @@ class Reconciler:
                 continue
             self.kube.apply(child)
 
-    def _create_job(self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any],
-                    now: datetime) -> dict[str, Any] | None:
+    def _create_job(
+        self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any], now: datetime
+    ) -> dict[str, Any] | None:
         job = next(c for c in self._render(parsed, cr) if c.get("kind") == "Job")
         # A recreated gang gets what is left of the job's deadline, not a fresh one.
         remaining = derive.remaining_deadline(parsed.facts, status, now)
@@ -413,6 +442,10 @@ def _event_target(cr: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": cr.get("apiVersion") or "colocgrpo.io/v1alpha1",
         "kind": cr.get("kind") or "ColocGRPOJob",
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                     "labels": dict(meta.get("labels") or {})},
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "labels": dict(meta.get("labels") or {}),
+        },
     }

@@ -35,24 +35,26 @@ def _pick(source: Any, keys: tuple[str, ...]) -> dict[str, Any]:
 
 def _owner_uids(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     owners = meta.get("ownerReferences") or []
-    return [{"uid": o.get("uid"), "kind": o.get("kind"), "name": o.get("name")}
-            for o in owners if isinstance(o, Mapping)]
+    return [
+        {"uid": o.get("uid"), "kind": o.get("kind"), "name": o.get("name")} for o in owners if isinstance(o, Mapping)
+    ]
 
 
 def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     """A ColocGRPOJob: identity, spec and status (kopf's bookkeeping annotations dropped)."""
     meta = body.get("metadata") or {}
     annotations = {
-        k: v for k, v in (meta.get("annotations") or {}).items()
-        if not (k.startswith(f"{GROUP}/") and k != f"{GROUP}/gpu-memory-gib") and not k.startswith("kopf.")
+        k: v
+        for k, v in (meta.get("annotations") or {}).items()
+        if not (k.startswith(f"{GROUP}/") and k != f"{GROUP}/gpu-memory-gib")
+        and not k.startswith("kopf.")
         and k != "kubectl.kubernetes.io/last-applied-configuration"
     }
     return {
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
         "metadata": dict(
-            _pick(meta, ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp",
-                         "labels")),
+            _pick(meta, ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp", "labels")),
             annotations=annotations,
         ),
         "spec": dict(body.get("spec") or {}),
@@ -63,11 +65,13 @@ def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
 def batch_job_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return {
-        "metadata": dict(_pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
-                         ownerReferences=_owner_uids(meta)),
+        "metadata": dict(
+            _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")), ownerReferences=_owner_uids(meta)
+        ),
         "spec": _pick(body.get("spec"), ("suspend", "completions", "parallelism")),
-        "status": _pick(body.get("status"), ("conditions", "startTime", "completionTime", "active", "ready",
-                                             "succeeded", "failed")),
+        "status": _pick(
+            body.get("status"), ("conditions", "startTime", "completionTime", "active", "ready", "succeeded", "failed")
+        ),
     }
 
 
@@ -81,8 +85,10 @@ def pod_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
             ownerReferences=_owner_uids(meta),
         ),
         "spec": _pick(body.get("spec"), ("nodeName",)),
-        "status": _pick(body.get("status"), ("phase", "reason", "message", "conditions", "containerStatuses",
-                                             "initContainerStatuses")),
+        "status": _pick(
+            body.get("status"),
+            ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses"),
+        ),
     }
 
 

@@ -48,7 +48,10 @@ TRAINER_REASONS = frozenset(
 # (a CUDA OOM inside a NCCL call, a watchdog abort, a user's --command).
 _TEXT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", re.I), "CUDAOutOfMemory"),
-    (re.compile(r"NCCL.*(timed? ?out|timeout)|Watchdog caught collective operation timeout", re.I | re.S), "NCCLTimeout"),
+    (
+        re.compile(r"NCCL.*(timed? ?out|timeout)|Watchdog caught collective operation timeout", re.I | re.S),
+        "NCCLTimeout",
+    ),
 )
 
 # Container waiting reasons that mean "this pod will not start by itself", worst first.
@@ -226,8 +229,12 @@ def _disruption(pod: dict[str, Any]) -> Failure | None:
     cause = str(condition.get("reason") or "")
     reason = "Preempted" if "Preemption" in cause else "Evicted"
     message = condition.get("message") or _get(pod, "status", "message") or f"pod disrupted ({cause or 'unknown'})"
-    return Failure(reason, _truncate(f"pod {_get(pod, 'metadata', 'name')}: {message}"), counted=False,
-                   pod=_get(pod, "metadata", "name"))
+    return Failure(
+        reason,
+        _truncate(f"pod {_get(pod, 'metadata', 'name')}: {message}"),
+        counted=False,
+        pod=_get(pod, "metadata", "name"),
+    )
 
 
 def _pod_failure(pod: dict[str, Any]) -> Failure:
@@ -237,8 +244,12 @@ def _pod_failure(pod: dict[str, Any]) -> Failure:
         return disruption
     if _get(pod, "status", "reason") == "Evicted":
         # Older kubelets evict without the DisruptionTarget condition.
-        return Failure("Evicted", _truncate(f"pod {name}: {_get(pod, 'status', 'message', default='evicted')}"),
-                       counted=False, pod=name)
+        return Failure(
+            "Evicted",
+            _truncate(f"pod {name}: {_get(pod, 'status', 'message', default='evicted')}"),
+            counted=False,
+            pod=name,
+        )
     for status in _container_statuses(pod):
         terminated = _get(status, "state", "terminated") or _get(status, "lastState", "terminated")
         if not isinstance(terminated, dict):
@@ -248,14 +259,23 @@ def _pod_failure(pod: dict[str, Any]) -> Failure:
             continue
         container = status.get("name", "trainer")
         if terminated.get("reason") == "OOMKilled":
-            return Failure("OOMKilled", f"pod {name}: container {container} was killed for exceeding its memory limit",
-                           pod=name, exit_code=exit_code)
+            return Failure(
+                "OOMKilled",
+                f"pod {name}: container {container} was killed for exceeding its memory limit",
+                pod=name,
+                exit_code=exit_code,
+            )
         reason, human = reason_from_termination_message(str(terminated.get("message") or ""))
         detail = human or f"container {container} exited with code {exit_code}"
-        return Failure(reason or "Error", _truncate(f"pod {name}: {detail} (exit code {exit_code})"),
-                       pod=name, exit_code=exit_code if isinstance(exit_code, int) else None)
-    return Failure("Error", _truncate(f"pod {name} failed: {_get(pod, 'status', 'message', default='no details')}"),
-                   pod=name)
+        return Failure(
+            reason or "Error",
+            _truncate(f"pod {name}: {detail} (exit code {exit_code})"),
+            pod=name,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+        )
+    return Failure(
+        "Error", _truncate(f"pod {name} failed: {_get(pod, 'status', 'message', default='no details')}"), pod=name
+    )
 
 
 def _failure_time(pod: dict[str, Any]) -> str:
@@ -289,17 +309,21 @@ def classify_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure
     failed_pods = [p for p in pods if _get(p, "status", "phase") == "Failed"]
     job_failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
     if job_failed and job_failed.get("reason") == "DeadlineExceeded":
-        return Failure("DeadlineExceeded", _truncate(job_failed.get("message") or "the job ran past activeDeadlineSeconds"))
+        return Failure(
+            "DeadlineExceeded", _truncate(job_failed.get("message") or "the job ran past activeDeadlineSeconds")
+        )
     evidence = [p for p in failed_pods if not _get(p, "metadata", "deletionTimestamp")]
     if not evidence and not job_failed:
         return None
     candidates = failed_pods if job_failed else evidence
     if candidates:
-        first = min(candidates, key=lambda p: (_failure_time(p), _disruption(p) is None,
-                                               str(_get(p, "metadata", "name"))))
+        first = min(
+            candidates, key=lambda p: (_failure_time(p), _disruption(p) is None, str(_get(p, "metadata", "name")))
+        )
         return _pod_failure(first)
-    return Failure(str(job_failed.get("reason") or "Error"),
-                   _truncate(job_failed.get("message") or "the batch Job failed"))
+    return Failure(
+        str(job_failed.get("reason") or "Error"), _truncate(job_failed.get("message") or "the batch Job failed")
+    )
 
 
 # ----------------------------------------------------------------------------- waiting pods
@@ -347,8 +371,11 @@ def _is_fully_running(pod: dict[str, Any]) -> bool:
 
 
 def workers_of(pods: list[dict[str, Any]], gpus_per_node: int) -> dict[str, int]:
-    active = [p for p in pods if _get(p, "status", "phase") in ("Pending", "Running")
-              and not _get(p, "metadata", "deletionTimestamp")]
+    active = [
+        p
+        for p in pods
+        if _get(p, "status", "phase") in ("Pending", "Running") and not _get(p, "metadata", "deletionTimestamp")
+    ]
     return {
         "active": len(active),
         "ready": sum(1 for p in active if _is_ready(p)),
@@ -408,18 +435,26 @@ def condition_of(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | 
 # ----------------------------------------------------------------------------- the derivation
 
 
-def invalid_spec_status(previous: dict[str, Any] | None, problems: list[tuple[str, str]], now: datetime,
-                        generation: int | None) -> dict[str, Any]:
+def invalid_spec_status(
+    previous: dict[str, Any] | None, problems: list[tuple[str, str]], now: datetime, generation: int | None
+) -> dict[str, Any]:
     """Status of a job whose spec the operator refuses: Failed/InvalidSpec, naming each field."""
     message = "; ".join(f"{path}: {text}" for path, text in problems) or "the spec is invalid"
     base = _carry_over(previous)
     conditions = base.get("conditions", [])
     conditions = set_condition(conditions, "SpecValid", False, "InvalidSpec", message, now, generation)
-    conditions = set_condition(conditions, "Running", False, "InvalidSpec", "no pods are created for an invalid spec", now, generation)
+    conditions = set_condition(
+        conditions, "Running", False, "InvalidSpec", "no pods are created for an invalid spec", now, generation
+    )
     conditions = set_condition(conditions, "Failed", True, "InvalidSpec", message, now, generation)
     # No pods exist for an invalid spec: zero workers, so `kubectl get cgj` shows GPUs 0, not blank.
-    base.update(phase=FAILED, message=_truncate(f"invalid spec: {message}"), conditions=conditions,
-                observedGeneration=generation, workers=workers_of([], 0))
+    base.update(
+        phase=FAILED,
+        message=_truncate(f"invalid spec: {message}"),
+        conditions=conditions,
+        observedGeneration=generation,
+        workers=workers_of([], 0),
+    )
     return base
 
 
@@ -460,8 +495,9 @@ def assess(
     last_failure = base.get("lastFailure") if isinstance(base.get("lastFailure"), dict) else None
     current_pods = pods_of_job(job, pods)
     workers = workers_of(current_pods, facts.gpus_per_node)
-    rank0 = next((p for p in current_pods if completion_index(p) == 0
-                  and not _get(p, "metadata", "deletionTimestamp")), None)
+    rank0 = next(
+        (p for p in current_pods if completion_index(p) == 0 and not _get(p, "metadata", "deletionTimestamp")), None
+    )
     action = Action.NONE
     failure: Failure | None = None
 
@@ -470,21 +506,44 @@ def assess(
         run_ok, run_reason, run_message = running
         conditions = set_condition(conditions, "Running", run_ok, run_reason, run_message, now, generation)
         queued = phase == QUEUED
-        conditions = set_condition(conditions, "Queued", queued, "WaitingForAdmission" if queued else "NotQueued",
-                                   f"waiting for Kueue queue {facts.queue_name} to admit the job" if queued
-                                   else "not waiting for admission", now, generation)
+        conditions = set_condition(
+            conditions,
+            "Queued",
+            queued,
+            "WaitingForAdmission" if queued else "NotQueued",
+            f"waiting for Kueue queue {facts.queue_name} to admit the job" if queued else "not waiting for admission",
+            now,
+            generation,
+        )
         suspended = phase == SUSPENDED
-        conditions = set_condition(conditions, "Suspended", suspended,
-                                   "SuspendedByUser" if suspended else "NotSuspended",
-                                   "spec.runPolicy.suspend is true: the gang's pods are deleted" if suspended
-                                   else "not suspended", now, generation)
-        conditions = set_condition(conditions, "Succeeded", phase == SUCCEEDED,
-                                   "Completed" if phase == SUCCEEDED else "NotCompleted",
-                                   message if phase == SUCCEEDED else "training has not completed", now, generation)
+        conditions = set_condition(
+            conditions,
+            "Suspended",
+            suspended,
+            "SuspendedByUser" if suspended else "NotSuspended",
+            "spec.runPolicy.suspend is true: the gang's pods are deleted" if suspended else "not suspended",
+            now,
+            generation,
+        )
+        conditions = set_condition(
+            conditions,
+            "Succeeded",
+            phase == SUCCEEDED,
+            "Completed" if phase == SUCCEEDED else "NotCompleted",
+            message if phase == SUCCEEDED else "training has not completed",
+            now,
+            generation,
+        )
         failed_reason = extra.pop("failed_reason", None)
-        conditions = set_condition(conditions, "Failed", phase == FAILED,
-                                   failed_reason or "NotFailed", message if phase == FAILED else "no fatal failure",
-                                   now, generation)
+        conditions = set_condition(
+            conditions,
+            "Failed",
+            phase == FAILED,
+            failed_reason or "NotFailed",
+            message if phase == FAILED else "no fatal failure",
+            now,
+            generation,
+        )
         stalled = extra.pop("stalled", None) or (False, "NotStalled", "the gang is not running")
         conditions = set_condition(conditions, "Stalled", stalled[0], stalled[1], stalled[2], now, generation)
         status = dict(base)
@@ -514,15 +573,25 @@ def assess(
     if job is None or _get(job, "metadata", "deletionTimestamp"):
         if job is None:
             if remaining_deadline(facts, base, now) == 0:
-                message = (f"the job ran past runPolicy.activeDeadlineSeconds={facts.active_deadline_seconds} "
-                           "before its gang could be recreated")
-                return finish(FAILED, message, (False, "DeadlineExceeded", message),
-                              failed_reason="DeadlineExceeded", completionTime=format_time(now))
+                message = (
+                    f"the job ran past runPolicy.activeDeadlineSeconds={facts.active_deadline_seconds} "
+                    "before its gang could be recreated"
+                )
+                return finish(
+                    FAILED,
+                    message,
+                    (False, "DeadlineExceeded", message),
+                    failed_reason="DeadlineExceeded",
+                    completionTime=format_time(now),
+                )
             action = Action.CREATE_JOB
         if prev_phase == RESTARTING or (job is not None):
             message = (last_failure or {}).get("message") or "recreating the gang"
-            return finish(RESTARTING, f"restarting the gang: {message}",
-                          (False, "Restarting", "the previous gang is being replaced"))
+            return finish(
+                RESTARTING,
+                f"restarting the gang: {message}",
+                (False, "Restarting", "the previous gang is being replaced"),
+            )
         return finish(PENDING, "creating the gang", (False, "Pending", "the batch Job is being created"))
 
     # Propagate the user's suspend; with Kueue only ever towards suspension (Kueue owns resume).
@@ -541,8 +610,13 @@ def assess(
     complete = _job_condition(job, "Complete") or _job_condition(job, "SuccessCriteriaMet")
     if complete and _job_condition(job, "Complete"):
         completion = _get(job, "status", "completionTime") or complete.get("lastTransitionTime") or format_time(now)
-        return finish(SUCCEEDED, "training completed", (False, "Completed", "all workers completed"),
-                      startTime=start_time, completionTime=completion)
+        return finish(
+            SUCCEEDED,
+            "training completed",
+            (False, "Completed", "all workers completed"),
+            startTime=start_time,
+            completionTime=completion,
+        )
 
     failure = classify_failure(job, current_pods)
     if failure is not None:
@@ -562,52 +636,87 @@ def assess(
                 last_failure["exitCode"] = failure.exit_code
         if not failure.retryable:
             action = Action.NONE
-            return finish(FAILED, failure.message, (False, failure.reason, failure.message),
-                          failed_reason=failure.reason, startTime=start_time, completionTime=format_time(now))
+            return finish(
+                FAILED,
+                failure.message,
+                (False, failure.reason, failure.message),
+                failed_reason=failure.reason,
+                startTime=start_time,
+                completionTime=format_time(now),
+            )
         if not already:
             if failure.counted and restarts >= facts.max_restarts:
                 action = Action.NONE
-                message = (f"the gang failed {restarts + 1} time(s), more than runPolicy.maxRestarts="
-                           f"{facts.max_restarts}; last failure {failure.reason}: {failure.message}")
-                return finish(FAILED, message, (False, failure.reason, failure.message),
-                              failed_reason="MaxRestartsExceeded", startTime=start_time,
-                              completionTime=format_time(now))
+                message = (
+                    f"the gang failed {restarts + 1} time(s), more than runPolicy.maxRestarts="
+                    f"{facts.max_restarts}; last failure {failure.reason}: {failure.message}"
+                )
+                return finish(
+                    FAILED,
+                    message,
+                    (False, failure.reason, failure.message),
+                    failed_reason="MaxRestartsExceeded",
+                    startTime=start_time,
+                    completionTime=format_time(now),
+                )
             if failure.counted:
                 restarts += 1
             else:
                 disruptions += 1
         action = Action.RESTART_GANG
         counted = "" if failure.counted else " (not counted against maxRestarts)"
-        return finish(RESTARTING, f"restarting the gang after {failure.reason}{counted}: {failure.message}",
-                      (False, failure.reason, failure.message), startTime=start_time)
+        return finish(
+            RESTARTING,
+            f"restarting the gang after {failure.reason}{counted}: {failure.message}",
+            (False, failure.reason, failure.message),
+            startTime=start_time,
+        )
 
     if job_suspended:
         if facts.suspend:
-            return finish(SUSPENDED, "suspended by spec.runPolicy.suspend",
-                          (False, "Suspended", "the job is suspended"), startTime=start_time)
+            return finish(
+                SUSPENDED,
+                "suspended by spec.runPolicy.suspend",
+                (False, "Suspended", "the job is suspended"),
+                startTime=start_time,
+            )
         if facts.queue_name:
-            return finish(QUEUED, f"waiting for Kueue queue {facts.queue_name} to admit the job",
-                          (False, "Queued", "waiting for admission"), startTime=start_time)
-        return finish(PENDING, "resuming the job", (False, "Resuming", "the batch Job is being resumed"),
-                      startTime=start_time)
+            return finish(
+                QUEUED,
+                f"waiting for Kueue queue {facts.queue_name} to admit the job",
+                (False, "Queued", "waiting for admission"),
+                startTime=start_time,
+            )
+        return finish(
+            PENDING, "resuming the job", (False, "Resuming", "the batch Job is being resumed"), startTime=start_time
+        )
 
     running = [p for p in current_pods if _is_fully_running(p)]
     finished = [p for p in current_pods if _get(p, "status", "phase") == "Succeeded"]
     if finished and len(running) + len(finished) >= facts.nodes:
         # Ranks exit one by one at the end; until the Job says Complete the gang is finishing.
-        message = (f"{len(finished)}/{facts.nodes} workers completed"
-                   + ("; the Job is completing" if len(finished) >= facts.nodes else "; the others are finishing"))
+        message = f"{len(finished)}/{facts.nodes} workers completed" + (
+            "; the Job is completing" if len(finished) >= facts.nodes else "; the others are finishing"
+        )
         return finish(RUNNING, message, (True, "Finishing", message), startTime=start_time)
     if len(running) >= facts.nodes:
         running_since = condition_of({"conditions": conditions}, "Running")
-        since = parse_time(running_since.get("lastTransitionTime")) if (
-            running_since and running_since.get("status") == "True") else now
+        since = (
+            parse_time(running_since.get("lastTransitionTime"))
+            if (running_since and running_since.get("status") == "True")
+            else now
+        )
         stalled = _stall(facts, progress, since or now, now)
         message = f"{len(running)}/{facts.nodes} workers running"
         if stalled[0]:
             message = f"{message}; {stalled[2]}"
-        return finish(RUNNING, message, (True, "AllWorkersRunning", f"{len(running)}/{facts.nodes} workers running"),
-                      stalled=stalled, startTime=start_time)
+        return finish(
+            RUNNING,
+            message,
+            (True, "AllWorkersRunning", f"{len(running)}/{facts.nodes} workers running"),
+            stalled=stalled,
+            startTime=start_time,
+        )
 
     waiting = [p for p in current_pods if p not in running and _get(p, "status", "phase") != "Succeeded"]
     reason, message = _waiting_reason(waiting, facts.nodes, len(running))
@@ -616,8 +725,9 @@ def assess(
     return finish(STARTING, message, (False, reason, message), startTime=start_time)
 
 
-def _stall(facts: RunFacts, progress: dict[str, Any] | None, running_since: datetime,
-           now: datetime) -> tuple[bool, str, str]:
+def _stall(
+    facts: RunFacts, progress: dict[str, Any] | None, running_since: datetime, now: datetime
+) -> tuple[bool, str, str]:
     if not facts.stall_timeout_seconds:
         return False, "NotStalled", "stall detection is off (runPolicy.stallTimeoutSeconds unset)"
     last = parse_time(_get(progress, "lastUpdateTime"))
@@ -627,8 +737,14 @@ def _stall(facts: RunFacts, progress: dict[str, Any] | None, running_since: date
     if idle >= facts.stall_timeout_seconds:
         step = _get(progress, "step")
         at = f" at step {step}" if step is not None else ""
-        return True, "Stalled", (f"no training progress{at} for {int(idle)}s "
-                                 f"(runPolicy.stallTimeoutSeconds={facts.stall_timeout_seconds})")
+        return (
+            True,
+            "Stalled",
+            (
+                f"no training progress{at} for {int(idle)}s "
+                f"(runPolicy.stallTimeoutSeconds={facts.stall_timeout_seconds})"
+            ),
+        )
     return False, "NotStalled", "training is progressing"
 
 

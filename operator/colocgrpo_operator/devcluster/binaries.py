@@ -25,7 +25,9 @@ def binaries_dir() -> Path:
     """The pin-keyed folder build.sh builds into (it may not exist yet)."""
     out = subprocess.run(
         ["bash", str(cluster_inputs_dir() / "build.sh"), "--dir"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return Path(out.strip().splitlines()[-1])
 
@@ -36,7 +38,9 @@ def ensure_binaries() -> Binaries:
     with file_lock(cache_dir() / "k8s-bin" / ".build.lock"):
         out = subprocess.run(
             ["bash", str(cluster_inputs_dir() / "build.sh")],
-            check=True, stdout=subprocess.PIPE, text=True,
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
         ).stdout
     return Binaries(folder=Path(out.strip().splitlines()[-1]), kubectl=kubectl_path())
 

@@ -123,8 +123,7 @@ class DevCluster:
             # Node status sent on create is not guaranteed to survive kwok's initialize stage
             # racing it, so capacity is (re)asserted through the status subresource.
             patch = json.dumps({"status": node["status"]})
-            self.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status",
-                         "--type=merge", "-p", patch)
+            self.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status", "--type=merge", "-p", patch)
         self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s")
 
     def _create(self, config: str, timeout: float) -> None:
@@ -134,9 +133,12 @@ class DevCluster:
         write_fake_log(self._fake_log)
         self._config_file.write_text(config)
         self._kwokctl(
-            binaries_dir(), "create", "cluster",
+            binaries_dir(),
+            "create",
+            "cluster",
             "--kubeconfig=",  # never touch ~/.kube/config
-            f"--wait={int(timeout)}s", f"--timeout={int(timeout)}s",
+            f"--wait={int(timeout)}s",
+            f"--timeout={int(timeout)}s",
         )
         # The service-account controller creating `default` proves kube-controller-manager is up.
         deadline = time.monotonic() + timeout
@@ -170,5 +172,6 @@ class DevCluster:
         env = {**os.environ, "KWOK_WORKDIR": str(self.workdir)}
         return run(
             [str(folder / "kwokctl"), f"--name={self.name}", f"--config={self._config_file}", *args],
-            env=env, check=check,
+            env=env,
+            check=check,
         )

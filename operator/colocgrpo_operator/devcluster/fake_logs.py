@@ -47,8 +47,12 @@ def set_fake_logs(
         if not default_file.exists():
             default_file.write_text(_cri_lines(FAKE_LOG_LINES))
         entries.append({"logsFile": str(default_file), "follow": True})
-    body = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
-            "metadata": {"name": pod, "namespace": namespace}, "spec": {"logs": entries}}
+    body = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Logs",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"logs": entries},
+    }
     custom = client.CustomObjectsApi(api_client)
     try:
         custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", namespace, "logs", body)

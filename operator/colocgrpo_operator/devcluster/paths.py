@@ -29,9 +29,7 @@ def cluster_inputs_dir() -> Path:
     for root in candidates:
         if (root / "tests" / "cluster" / "build.sh").is_file():
             return root / "tests" / "cluster"
-    raise FileNotFoundError(
-        "tests/cluster/build.sh not found; run from a colocgrpo checkout or set COLOCGRPO_REPO"
-    )
+    raise FileNotFoundError("tests/cluster/build.sh not found; run from a colocgrpo checkout or set COLOCGRPO_REPO")
 
 
 def versions() -> dict[str, str]:

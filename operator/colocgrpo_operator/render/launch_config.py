@@ -37,9 +37,7 @@ def one_gpu_resident(job: ColocGRPOJob) -> bool:
     alive (nothing offloaded) and reload_states would allocate a second one beside it.
     """
     return (
-        job.world_size == 1
-        and job.spec.deepspeed.offload_params == "none"
-        and not job.spec.vllm.offload_trainer_state
+        job.world_size == 1 and job.spec.deepspeed.offload_params == "none" and not job.spec.vllm.offload_trainer_state
     )
 
 

@@ -29,7 +29,12 @@ def render_role(job: ColocGRPOJob) -> dict[str, Any]:
         "kind": "Role",
         "metadata": object_meta(job, trainer_account_name(job.name)),
         "rules": [
-            {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [job.name], "verbs": ["get", "patch"]},
+            {
+                "apiGroups": [GROUP],
+                "resources": [f"{PLURAL}/status"],
+                "resourceNames": [job.name],
+                "verbs": ["get", "patch"],
+            },
             {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [job.name], "verbs": ["get"]},
         ],
     }

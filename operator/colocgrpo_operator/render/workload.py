@@ -76,7 +76,9 @@ def render_service(job: ColocGRPOJob) -> dict[str, Any]:
             # Rank 0 must be resolvable before it is Ready (it is never "ready" in a serving sense).
             "publishNotReadyAddresses": True,
             "selector": {JOB_NAME_LABEL: job.name},
-            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+            "ports": [
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}
+            ],
         },
     }
 

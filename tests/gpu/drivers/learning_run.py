@@ -36,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[3]
 from bench.child_process import install_stop_handlers, run_child
 from bench.machine_job import EXAMPLE, machine_job
+
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
 REWARD_MODULE = textwrap.dedent(
@@ -84,7 +85,11 @@ def launch_files(work: Path, num_processes: int, offload_trainer_state: bool = F
         source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs"
     except Exception as err:  # noqa: BLE001 - any import/parse failure: fall back, say so
         ds = FALLBACK_DEEPSPEED
-        acc = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "main_training_function": "main"}
+        acc = {
+            "compute_environment": "LOCAL_MACHINE",
+            "distributed_type": "DEEPSPEED",
+            "main_training_function": "main",
+        }
         source = f"fallback (operator render failed: {err!r})"
     acc = dict(acc)
     acc.update(

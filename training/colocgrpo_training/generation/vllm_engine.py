@@ -140,7 +140,9 @@ class ColocatedVLLM(VLLMGeneration):
             logprobs_mode="processed_logprobs",
             trust_remote_code=self.trust_remote_code,
         )
-        log.info("vLLM engine built in %.1fs (policy %s, tp %d)", time.perf_counter() - start, self.sleep_policy.value, tp)
+        log.info(
+            "vLLM engine built in %.1fs (policy %s, tp %d)", time.perf_counter() - start, self.sleep_policy.value, tp
+        )
 
         weight_bytes = sum(full_nbytes(p) for p in self.model.parameters())
         self.controller = SleepController(
@@ -329,7 +331,7 @@ class ColocatedVLLM(VLLMGeneration):
             self._warned_partial_offload = True
             log.warning(
                 "offload_trainer_state: DeepSpeed offloads optimizer states and fp32 master weights only for "
-                "its own FusedAdam (an \"optimizer\" block in deepspeed.json); with %s only the bf16 "
+                'its own FusedAdam (an "optimizer" block in deepspeed.json); with %s only the bf16 '
                 "parameters and gradient buffers leave the GPU",
                 type(getattr(engine.optimizer, "optimizer", None)).__name__,
             )
@@ -339,7 +341,11 @@ class ColocatedVLLM(VLLMGeneration):
         self._trainer_state_offloaded = True
         seconds = time.perf_counter() - start
         self.offload_seconds += seconds
-        log.info("trainer state offloaded to CPU in %.4fs (%s)", seconds, "all" if include is None else sorted(s.value for s in include))
+        log.info(
+            "trainer state offloaded to CPU in %.4fs (%s)",
+            seconds,
+            "all" if include is None else sorted(s.value for s in include),
+        )
 
     def _reload_trainer_state(self) -> None:
         if not self._trainer_state_offloaded:

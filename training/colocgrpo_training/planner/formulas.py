@@ -86,8 +86,9 @@ def model_states(
     return ModelStates(2 * p, 6 * p, 12 * p, 0)
 
 
-def reference_model_bytes(params: int, world_size: int, zero_stage: int, offload_parameters: bool,
-                          dtype_bytes: int) -> int:
+def reference_model_bytes(
+    params: int, world_size: int, zero_stage: int, offload_parameters: bool, dtype_bytes: int
+) -> int:
     """The frozen reference model TRL loads when beta > 0: 16-bit weights, partitioned under ZeRO-3."""
     if zero_stage == 3:
         return 0 if offload_parameters else dtype_bytes * params // max(1, world_size)
@@ -130,8 +131,13 @@ def activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, gradient_
     final_norm = tokens * (4 + a) * h
     if gradient_checkpointing:
         backward_transient = tokens * a * shape.intermediate_size
-        return (shape.num_layers * tokens * a * h + tokens * per_layer + 2 * tokens * a * h
-                + backward_transient + final_norm)
+        return (
+            shape.num_layers * tokens * a * h
+            + tokens * per_layer
+            + 2 * tokens * a * h
+            + backward_transient
+            + final_norm
+        )
     return shape.num_layers * tokens * per_layer + final_norm
 
 
@@ -168,8 +174,13 @@ def kv_cache_bytes_per_token(shape: ModelShape, kv_dtype_bytes: int, tensor_para
     return 2 * shape.num_layers * kv_heads_per_gpu * shape.head_size * kv_dtype_bytes
 
 
-def vllm_activation_bytes(shape: ModelShape, dtype_bytes: int, tensor_parallel: int, max_num_seqs: int,
-                          max_num_batched_tokens: int = TRL_VLLM_MAX_NUM_BATCHED_TOKENS) -> int:
+def vllm_activation_bytes(
+    shape: ModelShape,
+    dtype_bytes: int,
+    tensor_parallel: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int = TRL_VLLM_MAX_NUM_BATCHED_TOKENS,
+) -> int:
     """vLLM's profiling peak outside weights and KV cache: one forward of max_num_batched_tokens tokens
     (hidden states plus this GPU's share of q/k/v and the SwiGLU intermediate) and the sampler's fp32
     logits and probabilities for max_num_seqs sequences over the full (gathered) vocabulary."""

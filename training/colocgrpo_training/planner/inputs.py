@@ -272,7 +272,9 @@ def read_inputs(
         assumptions.append("maxPromptTokens unset: prompts assumed up to 512 tokens")
     if not max_model_len:
         max_model_len = prompt + completion
-        assumptions.append(f"maxModelLen unset and unknown for this model: assumed prompt + completion = {max_model_len}")
+        assumptions.append(
+            f"maxModelLen unset and unknown for this model: assumed prompt + completion = {max_model_len}"
+        )
     elif spec_max_len is None:
         assumptions.append(
             f"maxModelLen unset: vLLM uses the model's context window, {max_model_len} tokens, and must fit one "

@@ -73,9 +73,7 @@ class MemoryPlan:
         if self.inputs is None:
             return out + [f"warning: {w}" for w in self.warnings]
         i = self.inputs
-        out.append(
-            f"model {i.model_name}: {i.parameter_count / 1e9:.2f}B parameters, shape from {i.shape.source}"
-        )
+        out.append(f"model {i.model_name}: {i.parameter_count / 1e9:.2f}B parameters, shape from {i.shape.source}")
         out.append(
             f"{i.nodes} node(s) x {i.gpus_per_node} GPU(s) of {self.gpu_memory_gib:.1f} GiB; ZeRO-{i.zero_stage}"
             f"{' + optimizer offload' if i.offload_optimizer else ''}{' + param offload' if i.offload_parameters else ''}"
@@ -124,9 +122,7 @@ class MemoryPlan:
             "parameterCount": self.inputs.parameter_count if self.inputs else None,
             "shapeSource": self.inputs.shape.source if self.inputs else None,
             "approximate": bool(self.inputs and self.inputs.shape.approximate),
-            "terms": [
-                {"phase": t.phase, "name": t.name, "GiB": r(t.gib), "detail": t.detail} for t in self.terms
-            ],
+            "terms": [{"phase": t.phase, "name": t.name, "GiB": r(t.gib), "detail": t.detail} for t in self.terms],
             "problems": self.problems,
             "warnings": self.warnings,
             "assumptions": self.assumptions,
@@ -148,9 +144,16 @@ def _floor2(x: float) -> float:
 def cpu_job_plan() -> MemoryPlan:
     """gpusPerNode 0 runs no vLLM and no DeepSpeed: nothing to plan, whatever the model."""
     return MemoryPlan(
-        fits=True, gpu_memory_gib=0.0, per_gpu_training_gib=0.0, per_gpu_generation_gib=0.0,
-        per_gpu_vllm_gib=0.0, vllm_needed_gib=0.0, vllm_minimum_gib=0.0, gpu_memory_utilization=None,
-        recommended_gpu_memory_utilization=None, utilization_range=None,
+        fits=True,
+        gpu_memory_gib=0.0,
+        per_gpu_training_gib=0.0,
+        per_gpu_generation_gib=0.0,
+        per_gpu_vllm_gib=0.0,
+        vllm_needed_gib=0.0,
+        vllm_minimum_gib=0.0,
+        gpu_memory_utilization=None,
+        recommended_gpu_memory_utilization=None,
+        utilization_range=None,
         summary="CPU job (gpusPerNode 0): no vLLM and no GPU memory to plan",
     )
 
@@ -163,8 +166,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     gpu = int(i.gpu_memory_gib * GIB)
     p, n = i.parameter_count, i.world_size
 
-    states = f.model_states(p, s.largest_layer_parameters(), n, i.zero_stage, i.offload_optimizer,
-                            i.offload_parameters)
+    states = f.model_states(p, s.largest_layer_parameters(), n, i.zero_stage, i.offload_optimizer, i.offload_parameters)
     reference = f.reference_model_bytes(p, n, i.zero_stage, i.offload_parameters, a) if i.beta > 0 else 0
     tokens = i.per_device_train_batch_size * i.sequence_tokens
     completion_tokens = i.per_device_train_batch_size * min(i.completion_tokens, i.sequence_tokens)
@@ -188,52 +190,99 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     stage = f"ZeRO-{i.zero_stage}"
     offload = " (optimizer offloaded to CPU)" if i.offload_optimizer else ""
     terms = [
-        Term("training", "parameters (16-bit)", states.parameters,
-             f"{stage}: 2 B x {p / 1e9:.2f}B" + (f" / {n} GPUs" if i.zero_stage == 3 else "")
-             + (" -> CPU" if i.offload_parameters else "")),
+        Term(
+            "training",
+            "parameters (16-bit)",
+            states.parameters,
+            f"{stage}: 2 B x {p / 1e9:.2f}B"
+            + (f" / {n} GPUs" if i.zero_stage == 3 else "")
+            + (" -> CPU" if i.offload_parameters else ""),
+        ),
         Term("training", "gradients", states.gradients, f"{stage}{offload}"),
-        Term("training", "optimizer states (fp32 master + Adam m, v)", states.optimizer,
-             f"12 B/param{' / ' + str(n) + ' GPUs' if i.zero_stage >= 1 else ''}{offload}"),
+        Term(
+            "training",
+            "optimizer states (fp32 master + Adam m, v)",
+            states.optimizer,
+            f"12 B/param{' / ' + str(n) + ' GPUs' if i.zero_stage >= 1 else ''}{offload}",
+        ),
     ]
     if states.gather_buffer:
-        terms.append(Term("training", "ZeRO-3 gather buffers", states.gather_buffer,
-                          f"4 B x largest layer {s.largest_layer_parameters() / 1e6:.0f}M params"))
+        terms.append(
+            Term(
+                "training",
+                "ZeRO-3 gather buffers",
+                states.gather_buffer,
+                f"4 B x largest layer {s.largest_layer_parameters() / 1e6:.0f}M params",
+            )
+        )
     if reference:
         terms.append(Term("training", "reference model (beta > 0)", reference, "16-bit weights"))
     terms += [
-        Term("training", "activations", activations,
-             f"{i.per_device_train_batch_size} x {i.sequence_tokens} tokens, "
-             f"{'gradient checkpointing' if i.gradient_checkpointing else 'no gradient checkpointing'}"),
-        Term("training", "LM head (TRL fused log-probs)", lm_head,
-             f"{completion_tokens} completion tokens; full logits would be "
-             f"{_g(f.materialized_logits_bytes(s, completion_tokens))}"),
+        Term(
+            "training",
+            "activations",
+            activations,
+            f"{i.per_device_train_batch_size} x {i.sequence_tokens} tokens, "
+            f"{'gradient checkpointing' if i.gradient_checkpointing else 'no gradient checkpointing'}",
+        ),
+        Term(
+            "training",
+            "LM head (TRL fused log-probs)",
+            lm_head,
+            f"{completion_tokens} completion tokens; full logits would be "
+            f"{_g(f.materialized_logits_bytes(s, completion_tokens))}",
+        ),
         Term("training", "CUDA context + workspaces", context),
-        Term("training", "vLLM while asleep (CUDA graphs, NCCL)" if sleeping else "vLLM reservation (sleep off)",
-             residual if sleeping else budget),
+        Term(
+            "training",
+            "vLLM while asleep (CUDA graphs, NCCL)" if sleeping else "vLLM reservation (sleep off)",
+            residual if sleeping else budget,
+        ),
     ]
     training_peak = sum(t.bytes for t in terms if t.phase == "training")
 
     kept_optimizer = 0 if i.offload_trainer_state else states.optimizer
     terms += [
-        Term("generation", "vLLM reservation", budget,
-             f"gpuMemoryUtilization {i.gpu_memory_utilization:.2f} x {i.gpu_memory_gib:.1f} GiB (the whole GPU)"),
-        Term("generation", "trainer parameters + gradients kept on GPU", states.parameters + states.gradients
-             + reference),
-        Term("generation", "trainer optimizer states kept on GPU", kept_optimizer,
-             "moved to CPU by vllm.offloadTrainerState" if i.offload_trainer_state else ""),
+        Term(
+            "generation",
+            "vLLM reservation",
+            budget,
+            f"gpuMemoryUtilization {i.gpu_memory_utilization:.2f} x {i.gpu_memory_gib:.1f} GiB (the whole GPU)",
+        ),
+        Term(
+            "generation", "trainer parameters + gradients kept on GPU", states.parameters + states.gradients + reference
+        ),
+        Term(
+            "generation",
+            "trainer optimizer states kept on GPU",
+            kept_optimizer,
+            "moved to CPU by vllm.offloadTrainerState" if i.offload_trainer_state else "",
+        ),
         Term("generation", "CUDA context + workspaces", context),
     ]
     generation_peak = sum(t.bytes for t in terms if t.phase == "generation")
     kv_available = budget - fixed
     terms += [
         Term("vllm", "weights / TP", weights, f"{a} B x {p / 1e9:.2f}B / {tp}"),
-        Term("vllm", "activations + sampler (profiling peak)", engine_activations,
-             f"{f.TRL_VLLM_MAX_NUM_BATCHED_TOKENS} batched tokens, {engine_seqs} seqs x vocab {s.vocab_size}"),
+        Term(
+            "vllm",
+            "activations + sampler (profiling peak)",
+            engine_activations,
+            f"{f.TRL_VLLM_MAX_NUM_BATCHED_TOKENS} batched tokens, {engine_seqs} seqs x vocab {s.vocab_size}",
+        ),
         Term("vllm", "CUDA graphs + NCCL (kept while asleep)", residual),
-        Term("vllm", "KV cache for the whole batch", kv_batch,
-             f"{engine_seqs} seqs x {i.sequence_tokens} tokens x {kv_per_token / 1024:.0f} KiB/token"),
-        Term("vllm", "KV cache available in the reservation", max(0, kv_available),
-             f"holds {max(0, kv_available) // max(1, i.sequence_tokens * kv_per_token)} of {engine_seqs} seqs"),
+        Term(
+            "vllm",
+            "KV cache for the whole batch",
+            kv_batch,
+            f"{engine_seqs} seqs x {i.sequence_tokens} tokens x {kv_per_token / 1024:.0f} KiB/token",
+        ),
+        Term(
+            "vllm",
+            "KV cache available in the reservation",
+            max(0, kv_available),
+            f"holds {max(0, kv_available) // max(1, i.sequence_tokens * kv_per_token)} of {engine_seqs} seqs",
+        ),
     ]
 
     # Utilization bounds: vLLM must start (one max_model_len sequence) and the other phase must still fit.
@@ -267,8 +316,11 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
             f"generation phase needs {_g(generation_peak)} per GPU of {i.gpu_memory_gib:.1f} GiB: "
             f"{_g(generation_peak - gpu)} over (vLLM reservation {_g(budget)} + trainer states "
             f"{_g(generation_peak - budget - context)} kept on the GPU)"
-            + (f"; lower gpuMemoryUtilization to {high:.2f} or less" if high >= low
-               else "; offload optimizer/parameters or add GPUs")
+            + (
+                f"; lower gpuMemoryUtilization to {high:.2f} or less"
+                if high >= low
+                else "; offload optimizer/parameters or add GPUs"
+            )
         )
     if recommended is None and not problems:
         problems.append(f"no gpuMemoryUtilization works: vLLM needs {low:.2f} but the trainer leaves {high:.2f}")

@@ -101,16 +101,39 @@ class ModelShape:
 def _qwen25(h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool) -> dict[str, Any]:
     # max_position_embeddings: 32768 in the Instruct configs (some base configs say 131072).
     return dict(
-        hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, intermediate_size=inter,
-        vocab_size=vocab, tie_word_embeddings=tied, qkv_bias=True, max_position_embeddings=32768,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        qkv_bias=True,
+        max_position_embeddings=32768,
     )
 
 
-def _llama(h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool,
-           head_dim: int | None = None, context: int = 131072) -> dict[str, Any]:
+def _llama(
+    h: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    inter: int,
+    vocab: int,
+    tied: bool,
+    head_dim: int | None = None,
+    context: int = 131072,
+) -> dict[str, Any]:
     return dict(
-        hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, intermediate_size=inter,
-        vocab_size=vocab, tie_word_embeddings=tied, head_dim=head_dim, qkv_bias=False,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        head_dim=head_dim,
+        qkv_bias=False,
         max_position_embeddings=context,
     )
 
@@ -219,9 +242,7 @@ def approximate_shape(parameter_count: int) -> ModelShape:
     and KV cache, which is why the plan says "approximate".
     """
     candidates = {key: ModelShape(**spec) for key, spec in BUILTIN_SHAPES.items()}
-    key, nearest = min(
-        candidates.items(), key=lambda item: abs(item[1].parameter_count() - parameter_count)
-    )
+    key, nearest = min(candidates.items(), key=lambda item: abs(item[1].parameter_count() - parameter_count))
     fixed = nearest.parameter_count() - nearest.num_layers * nearest.layer_parameters()
     layers = max(1, round((parameter_count - fixed) / nearest.layer_parameters()))
     return dataclasses.replace(
