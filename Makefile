@@ -33,11 +33,12 @@ export PATH := $(DEV_VENV)/bin:$(PATH)
 
 PYTEST_ARGS ?=
 
-.PHONY: help demo test test-operator test-trainer dev-venv trainer-venv cluster-bin crd clean-cache
-
 help:
 	@echo "make demo   - local control plane + fake GPU nodes + operator + sample job watched to completion"
 	@echo "make test   - every test (operator, chart, cluster, trainer on CPU; GPU tests skip without a GPU)"
+	@echo "make lint   - ruff (lint + format check); make test runs it first"
+
+.PHONY: help demo lint test test-operator test-trainer dev-venv trainer-venv cluster-bin crd clean-cache
 
 $(DEV_READY):
 	rm -rf "$(DEV_VENV)"
@@ -70,7 +71,11 @@ cluster-bin: dev-venv
 crd: dev-venv
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd > charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml
 
-test: test-operator test-trainer
+lint: dev-venv
+	"$(DEV_VENV)/bin/ruff" check .
+	"$(DEV_VENV)/bin/ruff" format --check .
+
+test: lint test-operator test-trainer
 
 test-operator: dev-venv cluster-bin
 	"$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)

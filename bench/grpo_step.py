@@ -37,9 +37,10 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 from bench.child_process import install_stop_handlers, run_child
 from bench.machine_job import machine_job
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
@@ -82,9 +83,21 @@ PROMPT_TOKENS = 40  # chat-formatted "What is a + b? Explain." for SmolLM2's tem
 # 16 bytes per parameter) fits in 85 % of the card is built, so that vLLM's share is what
 # remains: training state and vLLM compete for memory.
 LARGE_SHAPES = {
-    "7b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8},
-    "3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8},
-}  # fmt: skip
+    "7b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+    "3b": {
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+    },
+}
 TRAINING_STATE_BYTES_PER_PARAM = 16
 UTIL_RESERVE_BYTES = 8 * 2**30  # activations, ZeRO-3 buckets, CUDA context, vLLM's graph pool
 UTIL_STEP = 0.03
@@ -275,8 +288,17 @@ def time_trl_vllm(trainer) -> dict:
     return timers
 
 
-def worker(contender: str, out: Path, warmup: int, measured: int, cpu: bool = False, size: str = "small",
-           model: str = MODEL, util: float | None = None, profile_steps: tuple[int, ...] = ()) -> None:  # fmt: skip
+def worker(
+    contender: str,
+    out: Path,
+    warmup: int,
+    measured: int,
+    cpu: bool = False,
+    size: str = "small",
+    model: str = MODEL,
+    util: float | None = None,
+    profile_steps: tuple[int, ...] = (),
+) -> None:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -416,8 +438,12 @@ def measure_machine() -> dict:
         a @ b
     torch.cuda.synchronize()
     flops = 2 * 8192**3 * 20 / (time.perf_counter() - t0)
-    return {"hbm_bytes_per_s": bandwidth, "bf16_flop_per_s": flops, "device": torch.cuda.get_device_name(),
-            "total_bytes": torch.cuda.get_device_properties(0).total_memory}  # fmt: skip
+    return {
+        "hbm_bytes_per_s": bandwidth,
+        "bf16_flop_per_s": flops,
+        "device": torch.cuda.get_device_name(),
+        "total_bytes": torch.cuda.get_device_properties(0).total_memory,
+    }
 
 
 def floor_seconds(machine: dict, params: int, config: dict = CONFIG) -> dict:
@@ -433,23 +459,37 @@ def floor_seconds(machine: dict, params: int, config: dict = CONFIG) -> dict:
 
 
 # ---------------------------------------------------------------- parent
-def write_report(out: Path, machine: dict, results: list[dict], warmup: int, measured: int, size: str = "small",
-                 model: dict | None = None) -> list[str]:  # fmt: skip
+def write_report(
+    out: Path,
+    machine: dict,
+    results: list[dict],
+    warmup: int,
+    measured: int,
+    size: str = "small",
+    model: dict | None = None,
+) -> list[str]:
     config = SIZES[size]
     params = next((r["params"] for r in results if "params" in r), 0)
     floor = floor_seconds(machine, params, config) if machine.get("hbm_bytes_per_s") and params else {}
-    summary = {"size": size, "model": model or {"path": MODEL},
-               "config": {**config, "warmup_steps": warmup, "measured_steps": measured},
-               "machine": machine, "floor": floor, "results": results}  # fmt: skip
+    summary = {
+        "size": size,
+        "model": model or {"path": MODEL},
+        "config": {**config, "warmup_steps": warmup, "measured_steps": measured},
+        "machine": machine,
+        "floor": floor,
+        "results": results,
+    }
     (out / "bench.json").write_text(json.dumps(summary, indent=2))
     lines = [
-        "| contender | DeepSpeed file | util | median s/step | mean s/step | peak device GiB (sampled) | push s | sleep s | wake s | generate s | offload s | logp diff |",
+        "| contender | DeepSpeed file | util | median s/step | mean s/step | peak device GiB (sampled) "
+        "| push s | sleep s | wake s | generate s | offload s | logp diff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for r in results:
         if "median_s_per_step" not in r:
             lines.append(
-                f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization', '')} | {r.get('status', 'failed')} | | | | | | | | |"
+                f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization', '')} "
+                f"| {r.get('status', 'failed')} | | | | | | | | |"
             )
             continue
         b = r["breakdown_total_seconds"]
@@ -459,17 +499,24 @@ def write_report(out: Path, machine: dict, results: list[dict], warmup: int, mea
         ] or r["step_times"]
         logp = r.get("logp_diff")
         lines.append(
-            f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization')} | {r['median_s_per_step']:.3f} | "
+            f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization')} "
+            f"| {r['median_s_per_step']:.3f} | "
             f"{statistics.mean(measured_times):.3f} | {r.get('peak_device_bytes_sampled', 0) / 2**30:.1f} | "
-            + " | ".join(f"{b.get('generation/' + k, float('nan')):.3f}" for k in ("push_seconds", "sleep_seconds", "wake_seconds", "generate_seconds", "offload_seconds"))
+            + " | ".join(
+                f"{b.get('generation/' + k, float('nan')):.3f}"
+                for k in ("push_seconds", "sleep_seconds", "wake_seconds", "generate_seconds", "offload_seconds")
+            )
             + f" | {logp if logp is None else f'{logp:.4f}'} |"
-        )  # fmt: skip
+        )
     for r in results:
         for attempt in r.get("failed_attempts", []):
             lines.append(f"\n{r['contender']}: util {attempt['util']} {attempt['status']}")
     if floor:
-        lines.append(f"\nfloor: {floor['floor_s_per_step']:.4f} s/step for {params / 1e9:.2f}B parameters on {machine['device']} "
-                     f"({machine['hbm_bytes_per_s'] / 1e12:.2f} TB/s, {machine['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s bf16)")  # fmt: skip
+        lines.append(
+            f"\nfloor: {floor['floor_s_per_step']:.4f} s/step for {params / 1e9:.2f}B parameters "
+            f"on {machine['device']} "
+            f"({machine['hbm_bytes_per_s'] / 1e12:.2f} TB/s, {machine['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s bf16)"
+        )
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -506,8 +553,13 @@ def make_large_model(model_dir: Path, tokenizer_from: str) -> dict:
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(model_dir, max_shard_size="5GB")
     transformers.AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(model_dir)
-    info = {"shape": shape_name, **shape, "params": sum(p.numel() for p in model.parameters()),
-            "path": str(model_dir), "seconds_to_create": time.perf_counter() - start}  # fmt: skip
+    info = {
+        "shape": shape_name,
+        **shape,
+        "params": sum(p.numel() for p in model.parameters()),
+        "path": str(model_dir),
+        "seconds_to_create": time.perf_counter() - start,
+    }
     marker.write_text(json.dumps(info, indent=2))
     return info
 
@@ -561,8 +613,17 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     profile_steps = tuple(int(n) for n in args.profile_steps.split(",") if n)
     if args.worker:
-        worker(args.worker, out, args.warmup_steps, args.measured_steps, cpu=args.cpu, size=args.size,
-               model=args.model, util=args.util, profile_steps=profile_steps)  # fmt: skip
+        worker(
+            args.worker,
+            out,
+            args.warmup_steps,
+            args.measured_steps,
+            cpu=args.cpu,
+            size=args.size,
+            model=args.model,
+            util=args.util,
+            profile_steps=profile_steps,
+        )
         return 0
     if args.measure_machine:
         (out / "machine.json").write_text(json.dumps(measure_machine()))
@@ -596,15 +657,32 @@ def main(argv: list[str] | None = None) -> int:
     model_info: dict = {"path": MODEL}
     ladder: list[float | None] = [None]  # the size's fixed utilization
     if args.size == "large":
-        code, timed_out = run_child([sys.executable, "-m", "bench.grpo_step", "--out", str(out), "--make-model",
-                                     "--model-dir", str(args.model_dir)], env, out, 400)  # fmt: skip
+        code, timed_out = run_child(
+            [
+                sys.executable,
+                "-m",
+                "bench.grpo_step",
+                "--out",
+                str(out),
+                "--make-model",
+                "--model-dir",
+                str(args.model_dir),
+            ],
+            env,
+            out,
+            400,
+        )
         if code != 0 or not (out / "model.json").exists():
-            print(f"[bench] making the large model failed (rc {code}, timed out {timed_out}):\n"
-                  + (out / "stderr.log").read_text(errors="replace")[-3000:], file=sys.stderr)  # fmt: skip
+            print(
+                f"[bench] making the large model failed (rc {code}, timed out {timed_out}):\n"
+                + (out / "stderr.log").read_text(errors="replace")[-3000:],
+                file=sys.stderr,
+            )
             return 2
         model_info = json.loads((out / "model.json").read_text())
         print(
-            f"[bench] large model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters at {model_info['path']}",
+            f"[bench] large model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters "
+            f"at {model_info['path']}",
             flush=True,
         )
         if args.util_ladder:
@@ -645,16 +723,40 @@ def main(argv: list[str] | None = None) -> int:
                 break
             work = out / (contender if util is None else f"{contender}-util{util}")
             work.mkdir(parents=True, exist_ok=True)
-            cmd = [
-                sys.executable, "-m", "accelerate.commands.launch",
-                "--use_deepspeed", "--deepspeed_config_file", str(deepspeed_files[deepspeed_file_key(contender)]),
-                "--zero3_init_flag", "true",
-                "--num_processes", "1", "--mixed_precision", "no" if args.cpu else "bf16",
-                "--module", "bench.grpo_step", "--worker", contender, "--out", str(work), "--size", args.size,
-                "--model", model_info["path"],
-                "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps),
-                "--profile-steps", args.profile_steps,
-            ] + (["--cpu"] if args.cpu else []) + ([] if util is None else ["--util", str(util)])  # fmt: skip
+            cmd = (
+                [
+                    sys.executable,
+                    "-m",
+                    "accelerate.commands.launch",
+                    "--use_deepspeed",
+                    "--deepspeed_config_file",
+                    str(deepspeed_files[deepspeed_file_key(contender)]),
+                    "--zero3_init_flag",
+                    "true",
+                    "--num_processes",
+                    "1",
+                    "--mixed_precision",
+                    "no" if args.cpu else "bf16",
+                    "--module",
+                    "bench.grpo_step",
+                    "--worker",
+                    contender,
+                    "--out",
+                    str(work),
+                    "--size",
+                    args.size,
+                    "--model",
+                    model_info["path"],
+                    "--warmup-steps",
+                    str(args.warmup_steps),
+                    "--measured-steps",
+                    str(args.measured_steps),
+                    "--profile-steps",
+                    args.profile_steps,
+                ]
+                + (["--cpu"] if args.cpu else [])
+                + ([] if util is None else ["--util", str(util)])
+            )
             start = time.perf_counter()
             timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))
             code, timed_out = run_child(cmd, env, work, timeout)
@@ -673,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
             status = f"timed out after {timeout:.0f} s" if timed_out else f"failed (rc {code})"
             oom = not timed_out and ran_out_of_memory(work)
             print(
-                f"[bench] {contender} at util {util}: {status.upper()}{' (out of memory)' if oom else ''}\n{tail[-1500:]}",
+                f"[bench] {contender} at util {util}: {status.upper()}"
+                f"{' (out of memory)' if oom else ''}\n{tail[-1500:]}",
                 flush=True,
             )
             result = {

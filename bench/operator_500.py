@@ -240,7 +240,7 @@ def main() -> int:
                     break
             except OSError:
                 if time.monotonic() > deadline or operator.poll() is not None:
-                    raise RuntimeError(f"operator did not start; see {log_path}")
+                    raise RuntimeError(f"operator did not start; see {log_path}") from None
                 time.sleep(0.3)
         time.sleep(1)
         idle_rss = rss_kib(operator.pid)[0]

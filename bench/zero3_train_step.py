@@ -29,9 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 from bench.child_process import install_stop_handlers, run_child
 from bench.grpo_step import PROMPT_TOKENS, SIZES
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def zero_sections(hidden: int) -> dict[str, dict]:
@@ -39,10 +40,15 @@ def zero_sections(hidden: int) -> dict[str, dict]:
     from colocgrpo_operator.render.launch_config import EVERY_PARAMETER, one_gpu_zero3
 
     auto = {
-        "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": hidden * hidden,
-        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden), "stage3_param_persistence_threshold": 10 * hidden,
-        "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
-    }  # fmt: skip
+        "stage": 3,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": hidden * hidden,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+        "stage3_param_persistence_threshold": 10 * hidden,
+        "stage3_max_live_parameters": 1_000_000_000,
+        "stage3_max_reuse_distance": 1_000_000_000,
+    }
     persist = {"stage": 3, "stage3_param_persistence_threshold": EVERY_PARAMETER}
     return {
         "plain": {"stage": 3},
@@ -93,11 +99,14 @@ def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> 
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     result = {
-        "file": name, "zero_optimization": config["zero_optimization"], "step_times": times,
-        "median_s_per_step": statistics.median(times[warmup:]), "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+        "file": name,
+        "zero_optimization": config["zero_optimization"],
+        "step_times": times,
+        "median_s_per_step": statistics.median(times[warmup:]),
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
         "persistent_parameters": sum(bool(getattr(p, "ds_persist", False)) for p in engine.module.parameters()),
         "parameters": sum(1 for _ in engine.module.parameters()),
-    }  # fmt: skip
+    }
     (out / "result.json").write_text(json.dumps(result, indent=2))
 
 
@@ -120,14 +129,35 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.model, out, args.warmup_steps, args.measured_steps)
         return 0
     install_stop_handlers()
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
-               PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}", PYTHONUNBUFFERED="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29533",
+        PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
+        PYTHONUNBUFFERED="1",
+    )
     results = []
     for name in names:
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "bench.zero3_train_step", "--worker", name, "--model", args.model, "--out", str(work),
-               "--warmup-steps", str(args.warmup_steps), "--measured-steps", str(args.measured_steps)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.zero3_train_step",
+            "--worker",
+            name,
+            "--model",
+            args.model,
+            "--out",
+            str(work),
+            "--warmup-steps",
+            str(args.warmup_steps),
+            "--measured-steps",
+            str(args.measured_steps),
+        ]
         code, timed_out = run_child(cmd, env, work, args.timeout)
         if code == 0 and (work / "result.json").exists():
             results.append(json.loads((work / "result.json").read_text()))

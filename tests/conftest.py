@@ -5,19 +5,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from colocgrpo_operator.devcluster.handle import ClusterHandle
 
 # --- the local control plane (colocgrpo_operator.devcluster, docs/dev-cluster.md) ------------
 
 
 @pytest.fixture(scope="session")
-def kube_cluster() -> Iterator["ClusterHandle"]:
+def kube_cluster() -> Iterator[ClusterHandle]:
     """A real control plane on 127.0.0.1 with 2 fake 8-GPU nodes, for the whole session.
 
     COLOCGRPO_KUBECONFIG=<path> reuses a running cluster (e.g. from `colocgrpo dev cluster up`)
-    and leaves it running; otherwise a cluster named `colocgrpo-test` is started (binaries are
+    and leaves it running; otherwise a cluster named `colocgrpo-test` (or $COLOCGRPO_TEST_CLUSTER, so
+    two checkouts can test at once) is started (binaries are
     built first if missing) and stopped at the end, unless COLOCGRPO_KEEP_CLUSTER=1.
     """
     from colocgrpo_operator.devcluster.cluster import DevCluster
@@ -26,7 +30,7 @@ def kube_cluster() -> Iterator["ClusterHandle"]:
     if os.environ.get("COLOCGRPO_KUBECONFIG"):
         yield ClusterHandle(kubeconfig=Path(os.environ["COLOCGRPO_KUBECONFIG"]))
         return
-    cluster = DevCluster(name="colocgrpo-test")
+    cluster = DevCluster(name=os.environ.get("COLOCGRPO_TEST_CLUSTER", "colocgrpo-test"))
     kubeconfig = cluster.up()
     try:
         yield ClusterHandle(kubeconfig=kubeconfig)

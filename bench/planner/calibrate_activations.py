@@ -55,7 +55,7 @@ def measure(model: torch.nn.Module, batch: int, seq: int, checkpointing: bool) -
     model.train()
     model.zero_grad(set_to_none=True)
     # one warm-up step so parameter gradients exist and cuBLAS workspaces are allocated
-    for step in range(2):
+    for _step in range(2):
         ids = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()

@@ -38,7 +38,8 @@ def shared_gpu_dir() -> Path:
         if (candidate / "wheels.lock").is_file():
             return candidate
     raise FileNotFoundError(
-        f"shared/gpu/ (wheels.lock and the deepspeed wheel) not found beside the checkout at {REPO.parent / 'shared' / 'gpu'}; "
+        "shared/gpu/ (wheels.lock and the deepspeed wheel) not found beside the checkout "
+        f"at {REPO.parent / 'shared' / 'gpu'}; "
         "it holds the GPU-proven wheel set and the prebuilt deepspeed wheel PyPI does not have"
     )
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -193,7 +194,7 @@ def _rewards(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> No
     if not isinstance(weights, list) or len(weights) != len(functions):
         t.untranslatable.append(f"reward_weights: {weights!r} does not match reward_funcs {functions!r} one to one")
         weights = [1.0] * len(functions)
-    t.spec["rewards"] = [{"function": str(f), "weight": float(w)} for f, w in zip(functions, weights)]
+    t.spec["rewards"] = [{"function": str(f), "weight": float(w)} for f, w in zip(functions, weights, strict=False)]
 
 
 def _reward_weights(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:

@@ -4,7 +4,6 @@ machine's own topology, so the GPU learning proof runs what a job of that shape 
 from __future__ import annotations
 
 import pytest
-
 from gpu.drivers import learning_run
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from helm_chart import CHART, run_helm
 
 RenderChart = Callable[..., list[dict[str, Any]]]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from helm_chart import CHART, run_helm
 
 
@@ -25,7 +24,7 @@ class InstalledChart:
     def fullname(self) -> str:
         return f"{self.release}-colocgrpo-operator"
 
-    def install(self) -> "InstalledChart":
+    def install(self) -> InstalledChart:
         run_helm(
             self.helm,
             "install",

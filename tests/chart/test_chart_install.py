@@ -11,7 +11,6 @@ import time
 import uuid
 
 import pytest
-
 from installed_chart import InstalledChart, can_i
 
 pytestmark = pytest.mark.cluster
@@ -177,7 +176,6 @@ def test_namespaced_identity_is_confined_to_the_watched_namespace(
 def test_documented_crd_upgrade_command_applies_a_changed_crd(cluster_wide, kube_cluster, tmp_path):
     """docs/install.md: Helm never upgrades crds/, `kubectl apply --server-side --force-conflicts` does."""
     import yaml
-
     from helm_chart import CHART
 
     original = CHART / "crds" / "colocgrpojobs.colocgrpo.io.yaml"
@@ -291,7 +289,7 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
         return log if len(log) < 9000 else f"{log[:3000]}\n[...]\n{log[-6000:]}"
 
     try:
-        status, body = _http_get(f"http://127.0.0.1:{liveness}/healthz")
+        status, _body = _http_get(f"http://127.0.0.1:{liveness}/healthz")
         assert status == 200, log_tail()
 
         job = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())

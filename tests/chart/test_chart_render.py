@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helm_chart import CHART, by_kind, one, run_helm
 
 K8S_SCHEMA_VERSION = "1.36.0"  # the dev cluster's minor version

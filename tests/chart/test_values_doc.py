@@ -8,7 +8,6 @@ import json
 import jsonschema
 import pytest
 import yaml
-
 from helm_chart import CHART, REPO
 
 

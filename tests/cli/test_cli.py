@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from support.cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]

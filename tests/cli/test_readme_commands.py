@@ -35,7 +35,7 @@ def readme_commands() -> list[str]:
 def runnable(command: str) -> list[str] | None:
     """argv after `colocgrpo`, or None where prose only names a command (`colocgrpo plan`, `... up/down`)."""
     argv = shlex.split(re.sub(r"<[^>]+>", "some-job", command))[1:]
-    if len(argv) == 1 or "/" in argv[-1] and not argv[-1].endswith(".yaml"):
+    if len(argv) == 1 or ("/" in argv[-1] and not argv[-1].endswith(".yaml")):
         return None
     if argv[-1] in ("-f", "--filename"):  # `colocgrpo render -f` named in prose
         argv.append("job.yaml")

@@ -139,7 +139,7 @@ def test_command_line_topology_wins_with_a_note():
 
 
 def test_cpu_job_from_recipe():
-    job, report = translate({}, gpus_per_node=0)
+    job, _report = translate({}, gpus_per_node=0)
     assert job["spec"]["resources"]["gpusPerNode"] == 0
     parse_job(job)
 

@@ -120,11 +120,15 @@ def test_partition_view_is_the_current_weight(zero3_engine):
         views = [whole_tensor_without_gather(p) for p in params]
         assert all(v is not None for v in views), "a one-way partition went through the gather path"
         gathered = _gathered(params)
-        mismatched = [i for i, (v, g) in enumerate(zip(views, gathered)) if v.shape != g.shape or not torch.equal(v, g)]
+        mismatched = [
+            i
+            for i, (v, g) in enumerate(zip(views, gathered, strict=False))
+            if v.shape != g.shape or not torch.equal(v, g)
+        ]
         assert not mismatched, f"step {step}: {len(mismatched)} views differ from the gathered weights"
         current = [v.clone() for v in views]
         if previous is not None:
-            moved = sum(not torch.equal(a, b) for a, b in zip(previous, current))
+            moved = sum(not torch.equal(a, b) for a, b in zip(previous, current, strict=False))
             assert moved >= 0.9 * len(params), f"step {step}: only {moved}/{len(params)} parameters moved"
         previous = current
 

@@ -163,7 +163,6 @@ def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp
     """The operator Dockerfile's build stage, run here: copy exactly what it COPYs, install `.[operator]` into a
     fresh venv, and check the entrypoint starts and the ML stack is absent."""
     import shutil
-    import sys
     import venv
 
     text = OPERATOR_DOCKERFILE.read_text()
@@ -198,7 +197,10 @@ def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp
         check=True,
     ).stdout
     assert "--liveness-port" in help_text and "--trainer-image" in help_text
-    probe = "import importlib.util as u; print([m for m in ('torch','vllm','trl','transformers','deepspeed') if u.find_spec(m)])"
+    probe = (
+        "import importlib.util as u; "
+        "print([m for m in ('torch','vllm','trl','transformers','deepspeed') if u.find_spec(m)])"
+    )
     found = subprocess.run(
         [str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=clean_env, check=True
     ).stdout.strip()

@@ -195,10 +195,9 @@ def test_in_cluster_credentials_against_the_real_api_server(kube_cluster, namesp
         session = await login(settings=kopf.OperatorSettings())
         assert session.server == f"https://{server.hostname}:{server.port}"
         assert session.default_namespace == namespace
-        async with session.aiohttp_session as http:
-            async with http.post(session.server + whoami, json=review) as response:
-                assert response.status == 201, await response.text()
-                return (await response.json())["status"]["userInfo"]["username"]
+        async with session.aiohttp_session as http, http.post(session.server + whoami, json=review) as response:
+            assert response.status == 201, await response.text()
+            return (await response.json())["status"]["userInfo"]["username"]
 
     assert asyncio.run(kopf_session_whoami()) == expected
 

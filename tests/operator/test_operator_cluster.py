@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
-
 from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster

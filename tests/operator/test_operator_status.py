@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from colocgrpo_operator.controller.status import (
     set_condition,
 )
 
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 JOB_UID = "job-uid-1"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC
 from pathlib import Path
 
 import yaml
@@ -228,7 +229,7 @@ def test_logs_picks_the_newest_live_pod_of_the_rank():
 
 
 def test_ttl_deadline_derives_from_completion_time():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from colocgrpo_operator.controller.housekeeping import ttl_deadline
 
@@ -236,7 +237,7 @@ def test_ttl_deadline_derives_from_completion_time():
         "spec": {"runPolicy": {"ttlSecondsAfterFinished": 30}},
         "status": {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"},
     }
-    assert ttl_deadline(cr) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
+    assert ttl_deadline(cr) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
     assert ttl_deadline(dict(cr, status={"phase": "Running", "completionTime": "2026-01-01T00:00:00Z"})) is None
     assert ttl_deadline(dict(cr, spec={})) is None
     assert ttl_deadline(dict(cr, status={"phase": "Failed"})) is None

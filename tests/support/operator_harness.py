@@ -60,7 +60,7 @@ class OperatorProcess:
         for namespace in self.namespaces:
             args.append(f"--namespace={namespace}")
         env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed right after
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         log.close()
         deadline = time.monotonic() + timeout

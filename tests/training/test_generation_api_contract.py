@@ -45,9 +45,11 @@ def call_keywords(source: str, func_name: str) -> set[str]:
 def dict_literal_keys(source: str, target: str) -> set[str]:
     """Keys of the dict literal assigned to `target` in `source`."""
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == target for t in node.targets):
-            if isinstance(node.value, ast.Dict):
-                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        assigns_target = isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == target for t in node.targets
+        )
+        if assigns_target and isinstance(node.value, ast.Dict):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
     raise AssertionError(f"no dict literal assigned to {target!r}")
 
 
@@ -87,10 +89,25 @@ def test_trl_engine_surface_we_override_and_read():
     # attributes our _init_vllm / generate read, all set by TRL's __init__ before _init_vllm
     init = inspect.getsource(VLLMGeneration.__init__)
     for attr in (
-        "model", "accelerator", "_dist", "tensor_parallel_size", "gpu_memory_utilization", "max_model_length",
-        "max_num_seqs", "model_impl", "trust_remote_code", "repetition_penalty", "temperature", "top_p", "top_k",
-        "min_p", "max_completion_length", "logprobs", "generation_kwargs", "structured_outputs_regex",
-    ):  # fmt: skip
+        "model",
+        "accelerator",
+        "_dist",
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+        "max_model_length",
+        "max_num_seqs",
+        "model_impl",
+        "trust_remote_code",
+        "repetition_penalty",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_completion_length",
+        "logprobs",
+        "generation_kwargs",
+        "structured_outputs_regex",
+    ):
         assert f"self.{attr} =" in init, attr
     assert init.index("self._init_vllm()") > init.index("self.generation_kwargs =")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,7 +25,7 @@ def test_buckets_respect_budget_and_cover_each_param_once_in_order(sizes, budget
         total = sum(sizes[i] for i in b)
         assert total <= budget or len(b) == 1  # only a single oversized parameter may exceed
     # Greedy packing: a bucket was closed only because the next parameter did not fit.
-    for b, nxt in zip(buckets, buckets[1:]):
+    for b, nxt in itertools.pairwise(buckets):
         assert sum(sizes[i] for i in b) + sizes[nxt[0]] > budget
 
 

@@ -8,13 +8,6 @@ from __future__ import annotations
 import pytest
 
 from colocgrpo_training.config import SleepPolicy
-from support.fake_engine import (
-    FakeClock,
-    FakeEngineDriver,
-    FakeTrainerModel,
-    FakeVLLM,
-    completion_for,
-)
 from colocgrpo_training.generation.policy import (
     CostKind,
     CostModel,
@@ -26,6 +19,13 @@ from colocgrpo_training.generation.policy import (
     StaleWeightsError,
     choose_sleep_level,
     plan_wake,
+)
+from support.fake_engine import (
+    FakeClock,
+    FakeEngineDriver,
+    FakeTrainerModel,
+    FakeVLLM,
+    completion_for,
 )
 
 COSTS = {CostKind.SLEEP1: 0.3, CostKind.WAKE1: 0.3, CostKind.SLEEP2: 0.01, CostKind.WAKE2: 0.01, CostKind.PUSH: 0.1}
@@ -62,14 +62,12 @@ def test_plan_order_is_weights_push_kv():
 
 @pytest.mark.parametrize("policy", ["off", "level1", "level2", "auto"])
 def test_every_policy_generates_fresh_weights_across_steps(policy):
-    clock, trainer, engine, driver, ctl = make(policy)
+    _clock, trainer, engine, driver, ctl = make(policy)
     ctl.initial_sleep(driver)
-    version = 0
-    for step in range(4):
+    for version in range(4):
         generate(ctl, driver, engine, trainer, version, push_due=False)  # two generates per step
         generate(ctl, driver, engine, trainer, version, push_due=True)
         trainer.optimizer_step()
-        version += 1
     pushes = ctl.counters.pushes
     if policy in ("off", "level1"):
         assert pushes == 4  # exactly once per weight version
@@ -83,7 +81,7 @@ def test_every_policy_generates_fresh_weights_across_steps(policy):
 
 def test_auto_prefers_level1_when_push_is_expensive():
     costs = dict(COSTS, **{CostKind.PUSH: 5.0})
-    clock, trainer, engine, driver, ctl = make("auto", costs)
+    _clock, trainer, engine, driver, ctl = make("auto", costs)
     ctl.initial_sleep(driver)
     generate(ctl, driver, engine, trainer, 0, push_due=False)
     generate(ctl, driver, engine, trainer, 0, push_due=True)
@@ -93,14 +91,14 @@ def test_auto_prefers_level1_when_push_is_expensive():
 
 def test_level2_wake_without_push_is_caught_by_the_fake_engine():
     """The seed's bug: the fake engine really loses level-2 weights."""
-    clock, trainer, engine, driver, ctl = make("level2")
+    _clock, trainer, engine, _driver, _ctl = make("level2")
     engine.sleep(2)
     engine.wake_up()
     assert engine.generate(PROMPTS) != [completion_for(trainer.params, p) for p in PROMPTS]
 
 
 def test_partial_push_gives_wrong_output():
-    clock, trainer, engine, driver, ctl = make("level2")
+    _clock, trainer, engine, _driver, _ctl = make("level2")
     engine.sleep(2)
     engine.wake_up(tags=["weights"])
     engine.load_weights(list(trainer.named_parameters())[:3])
@@ -109,14 +107,14 @@ def test_partial_push_gives_wrong_output():
 
 
 def test_kv_cache_before_weights_fails():
-    clock, trainer, engine, driver, ctl = make("level2")
+    _clock, _trainer, engine, _driver, _ctl = make("level2")
     engine.sleep(2)
     with pytest.raises(EngineOrderError):
         engine.wake_up(tags=["kv_cache"])
 
 
 def test_invariant_raises_on_stale_weights(caplog):
-    clock, trainer, engine, driver, ctl = make("off")
+    _clock, _trainer, _engine, driver, ctl = make("off")
     ctl.prepare(driver, 0)
     ctl.check_ready(0)
     with pytest.raises(StaleWeightsError, match="holds weights version 0, trainer is at 1"):
@@ -125,7 +123,7 @@ def test_invariant_raises_on_stale_weights(caplog):
 
 
 def test_invariant_raises_when_asleep():
-    clock, trainer, engine, driver, ctl = make("level1")
+    _clock, _trainer, _engine, driver, ctl = make("level1")
     ctl.prepare(driver, 0)
     ctl.finish(driver, push_due=False)
     with pytest.raises(StaleWeightsError, match="not on the GPU"):
@@ -133,7 +131,7 @@ def test_invariant_raises_when_asleep():
 
 
 def test_redundant_push_refused():
-    clock, trainer, engine, driver, ctl = make("off")
+    _clock, _trainer, _engine, driver, ctl = make("off")
     ctl.prepare(driver, 0)
     with pytest.raises(RedundantPushError):
         ctl.push(driver, 0)
@@ -141,7 +139,7 @@ def test_redundant_push_refused():
 
 
 def test_invalidate_forces_a_push():
-    clock, trainer, engine, driver, ctl = make("off")
+    _clock, trainer, engine, driver, ctl = make("off")
     generate(ctl, driver, engine, trainer, 5, push_due=False)
     trainer.optimizer_step()  # e.g. a checkpoint was loaded at the same global step
     ctl.invalidate("checkpoint loaded")
@@ -198,7 +196,7 @@ def test_agree_hook_sees_every_measurement():
         seen.append(x)
         return 1.0  # e.g. the max over ranks
 
-    clock, trainer, engine, driver, ctl = make("level2")
+    _clock, trainer, engine, driver, ctl = make("level2")
     ctl._agree = agree
     ctl.initial_sleep(driver)
     generate(ctl, driver, engine, trainer, 0, push_due=False)

@@ -32,8 +32,9 @@ def test_package_import_pulls_in_neither_torch_nor_vllm():
 def test_trainer_class_imports_without_vllm():
     import importlib.util
 
-    from colocgrpo_training.generation import ColocatedVLLM, ColocGRPOTrainer
     from trl import GRPOTrainer
+
+    from colocgrpo_training.generation import ColocatedVLLM, ColocGRPOTrainer
 
     assert issubclass(ColocGRPOTrainer, GRPOTrainer)
     assert ColocatedVLLM.__mro__[1].__name__ == "VLLMGeneration"
@@ -74,9 +75,9 @@ class LoadWeightsReceiver:
 
 def make_engine(source, receiver, bucket_bytes):
     from accelerate import Accelerator
+    from trl.distributed import DistributedBackend
 
     from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
-    from trl.distributed import DistributedBackend
 
     # The engine without its vLLM build (GPU only): just the push machinery.
     engine = ColocatedVLLM.__new__(ColocatedVLLM)
@@ -107,10 +108,10 @@ def test_bucketed_push_copies_every_parameter_once_within_budget(bucket_bytes):
 
     names = [n for n, _ in source.named_parameters()]  # tied lm_head appears once
     assert [n for call in receiver.calls for n in call] == names
-    for call, nbytes in zip(receiver.calls, receiver.bytes_per_call):
+    for call, nbytes in zip(receiver.calls, receiver.bytes_per_call, strict=False):
         assert nbytes <= bucket_bytes or len(call) == 1
     assert pushed == sum(p.numel() * p.element_size() for p in source.parameters())
-    for (name, a), b in zip(source.named_parameters(), target.parameters()):
+    for (name, a), b in zip(source.named_parameters(), target.parameters(), strict=False):
         assert torch.equal(a, b), name
     assert resets == [1]  # prefix cache reset after the push
     if bucket_bytes == 10**9:

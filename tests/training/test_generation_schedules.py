@@ -14,13 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support.fake_engine import (
-    FakeClock,
-    FakeEngineDriver,
-    FakeTrainerModel,
-    FakeVLLM,
-    completion_for,
-)
 from colocgrpo_training.generation.policy import CostKind, CostModel, EngineState, SleepController
 from colocgrpo_training.generation.schedules import (
     Generate,
@@ -32,6 +25,13 @@ from colocgrpo_training.generation.schedules import (
     ScheduleParams,
     build_schedule,
     predict_next_generate,
+)
+from support.fake_engine import (
+    FakeClock,
+    FakeEngineDriver,
+    FakeTrainerModel,
+    FakeVLLM,
+    completion_for,
 )
 
 PROMPTS = ["p0", "p1", "p2"]

@@ -25,7 +25,6 @@ def run(tiny_model_dir, tmp_path, monkeypatch, policy: str, steps_per_generation
 
     from colocgrpo_training.config import VLLMSettings
     from colocgrpo_training.generation import ColocGRPOTrainer
-
     from support import cpu_vllm
 
     cpu_vllm.install(monkeypatch)

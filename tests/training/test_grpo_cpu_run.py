@@ -135,7 +135,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir, trai
             if line.startswith('{"progress"'):
                 break
         process.send_signal(signal.SIGTERM)
-        rest, _ = process.communicate(timeout=120)
+        _rest, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()

@@ -23,7 +23,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SleepPolicy(str, enum.Enum):
+class SleepPolicy(enum.StrEnum):
     """What vLLM does with its GPU memory between generations (see docs/sleep-policy.md)."""
 
     OFF = "off"  # stays resident

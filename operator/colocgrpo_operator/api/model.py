@@ -203,7 +203,10 @@ class CheckpointSpec(_Spec):
 
     claim_name: DnsName | None = Field(
         default=None,
-        description="PersistentVolumeClaim to save into. Without one, checkpoints live in an emptyDir and do not survive a restart.",
+        description=(
+            "PersistentVolumeClaim to save into. Without one, checkpoints live in an emptyDir "
+            "and do not survive a restart."
+        ),
     )
     path: Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)] = Field(
         default="/checkpoints", description="Mount path of the checkpoint volume; the trainer's output_dir."
@@ -373,7 +376,7 @@ class ColocGRPOJobSpec(_Spec):
 # ----------------------------------------------------------------------------- status
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     PENDING = "Pending"
     QUEUED = "Queued"
     SUSPENDED = "Suspended"
@@ -384,7 +387,7 @@ class Phase(str, enum.Enum):
     FAILED = "Failed"
 
 
-class ConditionType(str, enum.Enum):
+class ConditionType(enum.StrEnum):
     SPEC_VALID = "SpecValid"
     QUEUED = "Queued"
     SUSPENDED = "Suspended"

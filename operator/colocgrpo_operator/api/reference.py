@@ -6,7 +6,8 @@ holds a stale copy.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from colocgrpo_operator.api.crd import generate_crd
 

@@ -68,7 +68,9 @@ RENAMED_KEYS: dict[str, str] = {
 }
 
 REFUSED_KEYS: dict[str, str] = {
-    "use_peft": "PEFT/LoRA is not supported end to end (weight sync into vLLM pushes full weights); train the full model",
+    "use_peft": (
+        "PEFT/LoRA is not supported end to end (weight sync into vLLM pushes full weights); train the full model"
+    ),
 }
 
 

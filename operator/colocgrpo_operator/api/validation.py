@@ -46,6 +46,11 @@ class JobSpecError(ValueError):
         return [f"{path}: {message}" if path else message for path, message in self.errors]
 
 
+IMMUTABLE_AFTER_START = (
+    "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)"
+)
+
+
 def format_location(loc: tuple[Any, ...]) -> str:
     """('spec', 'rewards', 0, 'weight') -> 'spec.rewards[0].weight'."""
     out = ""
@@ -242,7 +247,7 @@ def spec_change_problems(old: dict[str, Any], new: dict[str, Any]) -> list[tuple
             problems.append(
                 (
                     f"spec.{key}",
-                    "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)",
+                    IMMUTABLE_AFTER_START,
                 )
             )
     for key in sorted(set(old_run) | set(new_run)):
@@ -250,7 +255,7 @@ def spec_change_problems(old: dict[str, Any], new: dict[str, Any]) -> list[tuple
             problems.append(
                 (
                     f"spec.runPolicy.{key}",
-                    "is immutable once the job has started (only runPolicy.suspend and runPolicy.ttlSecondsAfterFinished may change)",
+                    IMMUTABLE_AFTER_START,
                 )
             )
     return problems

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 EXIT_CLUSTER_ERROR = 2
 
@@ -47,7 +48,7 @@ def reports_cluster_errors(handler: Callable[[Any], int]) -> Callable[[Any], int
     def wrapped(args: Any) -> int:
         try:
             return handler(args)
-        except Exception as error:  # noqa: BLE001 - re-raised unless it is a cluster-access problem
+        except Exception as error:
             line = describe_cluster_error(error, getattr(args, "kubeconfig", None))
             if line is None:
                 raise

@@ -92,7 +92,7 @@ class Credentials:
 
 
 def _temporary_pem(stack: contextlib.ExitStack, pem: str) -> str:
-    handle = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".pem"))
+    handle = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".pem"))  # noqa: SIM115 - the stack closes it
     handle.write(pem)
     handle.flush()
     return handle.name

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
-from colocgrpo_operator.controller import settings as _settings  # noqa: F401  (registers startup/cleanup)
+from colocgrpo_operator.controller import settings as _settings
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
 from colocgrpo_operator.controller.snapshots import (

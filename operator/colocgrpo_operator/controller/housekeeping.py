@@ -15,9 +15,10 @@ or the next re-check, whichever is sooner, and is woken early when a job finishe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
@@ -85,7 +86,7 @@ class Housekeeper:
 
     async def _expire_finished(self) -> float | None:
         """Delete every job past its TTL; return seconds until the next deadline (or None)."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         soonest: float | None = None
         for key in list(self.jobs.keys()):
             cr = first_view(self.jobs, key)
@@ -114,10 +115,8 @@ class Housekeeper:
 def release_free_memory() -> None:
     """Hand freed heap back to the OS (glibc keeps it otherwise, so a burst of watch events
     would pin the operator's RSS at its peak forever). No-op outside glibc."""
-    try:
+    with contextlib.suppress(AttributeError):
         _LIBC.malloc_trim(0)
-    except AttributeError:
-        pass
 
 
 try:

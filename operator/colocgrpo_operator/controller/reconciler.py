@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import kopf
 
@@ -32,7 +33,7 @@ from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, un
 
 Key = tuple[str, str]  # (namespace, name)
 # (the ColocGRPOJob, its batch Job, the Job's pods) as the indices hold them now
-Inputs = tuple[Optional[dict[str, Any]], Optional[dict[str, Any]], list[dict[str, Any]]]
+Inputs = tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
@@ -114,7 +115,7 @@ def _plan_warning(cr: dict[str, Any]) -> tuple[bool, str, str] | None:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
@@ -174,10 +175,8 @@ class Reconciler:
         self._wakeup.set()
 
     async def wait_for_wakeup(self, timeout: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
         self._wakeup.clear()
 
     def forget(self, key: Key) -> None:

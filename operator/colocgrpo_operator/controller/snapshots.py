@@ -20,9 +20,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
-
 from colocgrpo_operator.api import GROUP
+
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
 
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 

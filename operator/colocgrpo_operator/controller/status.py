@@ -14,7 +14,7 @@ import dataclasses
 import enum
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from colocgrpo_operator.api import ConditionType, Phase
@@ -64,7 +64,7 @@ _MAX_MESSAGE = 2000
 
 def format_time(moment: datetime) -> str:
     """RFC 3339 in UTC with second precision, as Kubernetes writes timestamps."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: Any) -> datetime | None:
@@ -75,7 +75,7 @@ def parse_time(text: Any) -> datetime | None:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ class Failure:
         return self.reason not in NON_RETRYABLE_REASONS
 
 
-class Action(str, enum.Enum):
+class Action(enum.StrEnum):
     NONE = "None"
     CREATE_JOB = "CreateJob"  # no batch Job exists and one should
     RESTART_GANG = "RestartGang"  # delete the failed Job (its pods go with it); recreated once gone
@@ -414,7 +414,7 @@ def set_condition(
     if generation is not None:
         condition["observedGeneration"] = generation
     others = [c for c in conditions if not (isinstance(c, dict) and c.get("type") == type_)]
-    return _ordered(others + [condition])
+    return _ordered([*others, condition])
 
 
 def _ordered(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:

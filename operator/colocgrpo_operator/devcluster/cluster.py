@@ -8,6 +8,7 @@ under the cluster's folder and stops them on delete. All state lives under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,8 +23,8 @@ import yaml
 from colocgrpo_operator.devcluster.binaries import binaries_dir, ensure_binaries, kubectl_path
 from colocgrpo_operator.devcluster.commands import run
 from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
-from colocgrpo_operator.devcluster.locking import file_lock
 from colocgrpo_operator.devcluster.kwokctl_config import render_kwokctl_config, write_fake_log
+from colocgrpo_operator.devcluster.locking import file_lock
 from colocgrpo_operator.devcluster.paths import cache_dir
 
 DEFAULT_NAME = "colocgrpo"
@@ -163,10 +164,8 @@ class DevCluster:
             while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             if Path(f"/proc/{pid}").exists():
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
 
     def _kwokctl(self, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         env = {**os.environ, "KWOK_WORKDIR": str(self.workdir)}

@@ -16,7 +16,7 @@ from colocgrpo_operator.devcluster.kwokctl_config import FAKE_LOG_LINES
 
 
 def _cri_lines(lines: Iterable[str], stream: str = "stdout") -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return "".join(f"{now} {stream} F {line}\n" for line in lines)
 
 
@@ -63,7 +63,7 @@ def set_fake_logs(
         # One Logs object per pod: keep the other entries, replace the one for these containers
         # (for container=None that is the default entry).
         kept = [e for e in existing["spec"]["logs"] if e.get("containers") != entry.get("containers")]
-        existing["spec"]["logs"] = kept + [entry]
+        existing["spec"]["logs"] = [*kept, entry]
         custom.replace_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", namespace, "logs", pod, existing)
     return log_file
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from colocgrpo_operator.api.model import ColocGRPOJob
+from colocgrpo_operator.api.naming import REWARD_MODULES_DIR
 from colocgrpo_training.config import (
     CheckpointSettings,
     DatasetSettings,
@@ -11,9 +13,6 @@ from colocgrpo_training.config import (
     TrainerConfig,
     VLLMSettings,
 )
-
-from colocgrpo_operator.api.model import ColocGRPOJob
-from colocgrpo_operator.api.naming import REWARD_MODULES_DIR
 
 
 def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:

@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
 from bench.child_process import install_stop_handlers, run_child
 from bench.machine_job import EXAMPLE, machine_job
+
+REPO = Path(__file__).resolve().parents[3]
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
@@ -83,7 +84,7 @@ def launch_files(work: Path, num_processes: int, offload_trainer_state: bool = F
         job = machine_job(gpus=num_processes, offload_trainer_state=offload_trainer_state)
         ds, acc = deepspeed_config(job), accelerate_config(job)
         source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs"
-    except Exception as err:  # noqa: BLE001 - any import/parse failure: fall back, say so
+    except Exception as err:
         ds = FALLBACK_DEEPSPEED
         acc = {
             "compute_environment": "LOCAL_MACHINE",
@@ -177,10 +178,16 @@ def run(
     work.mkdir(parents=True, exist_ok=True)
     config, launch_source = write_inputs(work, policy, steps, grpo, offload, dtype)
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(work / "accelerate.yaml"),
-        "-m", "colocgrpo_training", "--config", str(config),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(work / "accelerate.yaml"),
+        "-m",
+        "colocgrpo_training",
+        "--config",
+        str(config),
+    ]
     env = dict(
         os.environ,
         PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
@@ -294,7 +301,7 @@ def main() -> int:
     (out / "learning_run.json").write_text(json.dumps({"verdict": verdict, "runs": runs}, indent=2))
     (out / "reward_curve.csv").write_text(
         "step,reward,logp_diff\n"
-        + "".join(f"{i + 1},{r},{d}\n" for i, (r, d) in enumerate(zip(rewards, main_run["logp_diff"])))
+        + "".join(f"{i + 1},{r},{d}\n" for i, (r, d) in enumerate(zip(rewards, main_run["logp_diff"], strict=False)))
     )
     print(json.dumps(verdict, indent=2), flush=True)
     if not verdict["runs_ok"] or not rewards:

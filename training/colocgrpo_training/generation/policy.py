@@ -44,7 +44,7 @@ log = logging.getLogger("colocgrpo.generation")
 Version = Hashable
 
 
-class Residence(str, enum.Enum):
+class Residence(enum.StrEnum):
     GPU = "gpu"
     CPU = "cpu"  # level-1 sleep: a valid copy in pinned host memory
     DISCARDED = "discarded"  # level-2 sleep: content lost
@@ -127,7 +127,7 @@ PRIOR_PUSH_BYTES_PER_S = 25e9
 PRIOR_REMAP_SECONDS = 0.01
 
 
-class CostKind(str, enum.Enum):
+class CostKind(enum.StrEnum):
     SLEEP1 = "sleep1"
     WAKE1 = "wake1"
     SLEEP2 = "sleep2"

@@ -239,7 +239,7 @@ class ColocatedVLLM(VLLMGeneration):
         generate if and when the controller's record says the engine lacks the weights."""
         log.debug("sync_weights: deferred to the next generate (policy %s)", self.sleep_policy.value)
 
-    def generate(self, prompts, images, num_generations, profiler=None):  # noqa: ANN001 - TRL's signature
+    def generate(self, prompts, images, num_generations, profiler=None):
         from vllm import SamplingParams
 
         version = self.weight_version()
@@ -409,7 +409,7 @@ def offload_scope(engine: Any) -> Any:
     try:
         from deepspeed.ops.adam.fused_adam import FusedAdam
     except ImportError:  # pragma: no cover - DeepSpeed without its op sources
-        FusedAdam = None  # noqa: N806
+        FusedAdam = None
     if FusedAdam is not None and inner.__class__ is FusedAdam:
         return None
     return {

@@ -76,7 +76,8 @@ class MemoryPlan:
         out.append(f"model {i.model_name}: {i.parameter_count / 1e9:.2f}B parameters, shape from {i.shape.source}")
         out.append(
             f"{i.nodes} node(s) x {i.gpus_per_node} GPU(s) of {self.gpu_memory_gib:.1f} GiB; ZeRO-{i.zero_stage}"
-            f"{' + optimizer offload' if i.offload_optimizer else ''}{' + param offload' if i.offload_parameters else ''}"
+            f"{' + optimizer offload' if i.offload_optimizer else ''}"
+            f"{' + param offload' if i.offload_parameters else ''}"
             f"; vLLM TP {i.tensor_parallel_size}, sleep {i.sleep_policy}; micro-batch {i.per_device_train_batch_size}"
             f" x {i.sequence_tokens} tokens ({i.prompt_tokens} prompt + {i.completion_tokens} completion, "
             f"max model len {i.max_model_len})"

@@ -62,7 +62,9 @@ def resolve_reward(spec: str, *, where: str = "reward") -> RewardFunction:
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise RewardError(f"{where}.function {spec!r}: module {module_name!r} has no attribute {attribute!r}")
+            raise RewardError(
+                f"{where}.function {spec!r}: module {module_name!r} has no attribute {attribute!r}"
+            ) from None
     if not callable(target):
         raise RewardError(f"{where}.function {spec!r} is not callable")
     return _named(target, spec)
