@@ -173,11 +173,9 @@ class ColocatedVLLM(VLLMGeneration):
 
     def push_weights(self) -> int:
         """All trainer weights into vLLM, bucketed: one gather and one `load_weights` call
-        per bucket. Returns the bytes pushed. A collective under ZeRO-3: every rank calls it."""
-        if self._dist.is_fsdp or _is_peft(self.model):
-            nbytes = self._push_unbucketed()
-        else:
-            nbytes = self._push_bucketed()
+        per bucket. Returns the bytes pushed. A collective under ZeRO-3: every rank calls it.
+        (PEFT and FSDP are refused by the API, so no other layout reaches this.)"""
+        nbytes = self._push_bucketed()
         # KV entries computed with the previous weights must not be reused.
         self.llm.reset_prefix_cache()
         return nbytes
@@ -201,16 +199,6 @@ class ColocatedVLLM(VLLMGeneration):
                     [(named[i][0], named[i][1].data if local[i] is None else local[i]) for i in bucket]
                 )
             total += sum(sizes[i][1] for i in bucket)
-        return total
-
-    def _push_unbucketed(self) -> int:
-        # TRL's iterator yields tensors valid only until the next item (gathered per
-        # parameter / per FSDP unit), so they cannot be held for a bucket.
-        vllm_model = self._vllm_model()
-        total = 0
-        for name, tensor in self._iter_named_params():
-            vllm_model.load_weights([(name, tensor)])
-            total += tensor.numel() * tensor.element_size()
         return total
 
     def _vllm_model(self) -> Any:
@@ -417,14 +405,6 @@ def offload_scope(engine: Any) -> Any:
         OffloadStateTypeEnum.lp_grads,
         OffloadStateTypeEnum.contiguous_grad_buffer,
     }
-
-
-def _is_peft(model: Any) -> bool:
-    try:
-        from accelerate.utils import is_peft_model
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(is_peft_model(model))
 
 
 def _env_int(name: str) -> int | None:
