@@ -1,4 +1,4 @@
-"""GRPO step time: TRL 1.16's colocate mode against ours, on one CUDA machine (issue 8).
+"""GRPO step time: TRL 1.16's colocate mode against ours, on one CUDA machine.
 
     python3 -m bench.grpo_step --out DIR [--contenders trl-sleep,trl-nosleep,ours-auto,...]
                                [--warmup-steps N --measured-steps M] [--budget-seconds S]
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 
-# Fixed before the first run (issue 8: no tuning to the numbers). `small` ran on 2026-12-02
+# Fixed before the first run (no tuning to the numbers). `small` ran on 2026-12-02
 # (commit 09d1197); `large` was fixed on 2026-12-02 before its first run.
 SIZES = {
     "small": {

@@ -1,4 +1,4 @@
-"""The training side alone: one optimizer step of the large size under ZeRO-3, per DeepSpeed file (issue 8).
+"""The training side alone: one optimizer step of the large size under ZeRO-3, per DeepSpeed file.
 
     python3 -m bench.zero3_train_step --model DIR --out DIR [--files plain,product,...]
 
@@ -14,7 +14,7 @@ optimizer step and the ratio to the first file.
 
 Files (`FILES`): `plain` is ZeRO-3 with DeepSpeed's defaults (what TRL's docs give);
 `auto` is the operator's render for a multi-GPU job, with transformers' "auto" values
-filled in as transformers fills them (the one-GPU render before issue 8's change);
+filled in as transformers fills them (what one-GPU jobs got before the one-GPU render);
 `persist` and `persist-nomel` add one one-GPU knob at a time; `product` is what the
 operator renders for a one-GPU job now.
 """

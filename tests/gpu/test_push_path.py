@@ -1,4 +1,4 @@
-"""The weight push's no-gather source is the trainer's current weights (issue 8, GPU).
+"""The weight push's no-gather source is the trainer's current weights (GPU).
 
 `whole_tensor_without_gather` hands vLLM a view of a one-way ZeRO-3 partition instead of
 all-gathering it. That is only right if the partition is the storage DeepSpeed's optimizer

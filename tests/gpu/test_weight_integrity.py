@@ -1,4 +1,4 @@
-"""Weight integrity of colocated vLLM under every sleep policy, on a real GPU (issue 7 §1).
+"""Weight integrity of colocated vLLM under every sleep policy, on a real GPU.
 
 One `ColocatedVLLM` (one sleep-enabled engine per process) on SmolLM2-135M-Instruct is
 driven with the CPU property test's schedule generator. At every generate, vLLM's greedy

@@ -23,7 +23,7 @@ GIB = 1024**3
 
 
 def seed_spec(**vllm) -> dict:
-    """The seed recipe (shared/seed/config.yaml) as a spec: Qwen2.5-14B, 1 node x 8 H200, TP 4, util 0.35."""
+    """The seed recipe (tests/data/seed-config.yaml) as a spec: Qwen2.5-14B, 1 node x 8 H200, TP 4, util 0.35."""
     return {
         "model": {"name": "Qwen/Qwen2.5-14B-Instruct", "dtype": "bfloat16"},
         "dataset": {"name": "open-r1/OpenR1-Math-220k", "maxPromptTokens": 512},

@@ -1,7 +1,7 @@
 """Seed parity: every setting of the seed's open-r1 recipe survives recipe -> job -> grpo.yaml -> GRPOConfig.
 
-The recipe is copied to tests/data/seed-config.yaml (from shared/seed/config.yaml) so CI
-does not depend on shared/.
+The recipe (tests/data/seed-config.yaml) is an open-r1 GRPO recipe: Qwen2.5-14B-Instruct on 8 GPUs,
+vLLM at tensor-parallel size 4.
 """
 
 from __future__ import annotations

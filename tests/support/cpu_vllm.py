@@ -1,7 +1,7 @@
 """A CPU stand-in for the `vllm` module (just the surface ColocatedVLLM uses), so the CPU
 tests run TRL's real GRPO loop through ColocGRPOTrainer and the sleep-policy controller.
 
-It behaves like vLLM where the policy is concerned (shared/notes/vllm-sleep.md): a level-2
+It behaves like vLLM where the policy is concerned (docs/sleep-policy.md, "What vLLM's sleep mode does"): a level-2
 sleep overwrites the weights with garbage, level 1 restores them, waking the KV cache
 before the weights raises, generating while asleep raises. Every generate reports a
 fingerprint of the weights it used to `GENERATE_HOOKS`, so a test can compare them with

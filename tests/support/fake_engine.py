@@ -1,6 +1,6 @@
 """A CPU stand-in for a colocated vLLM engine and a trainer model, for tests.
 
-It reproduces the behaviour that matters for the sleep policy (shared/notes/vllm-sleep.md):
+It reproduces the behaviour that matters for the sleep policy (docs/sleep-policy.md, "What vLLM's sleep mode does"):
 - level-1 sleep keeps a valid copy of the weights in host memory, wake restores it;
 - level-2 sleep loses the weights: after waking, memory holds garbage until a full push;
 - waking the KV cache while the weights sleep is an error (a CUDA error in vLLM);

@@ -1,4 +1,4 @@
-"""bench/grpo_step.py's size plan (issue 8): the large decoder's parameter count, which
+"""bench/grpo_step.py's size plan: the large decoder's parameter count, which
 shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TP groups in colocate mode (issue 9's CPU side): formation, gather/slice-back, seeds."""
+"""TP groups in colocate mode (the CPU side): formation, gather/slice-back, seeds."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def one_gpu_resident(job: ColocGRPOJob) -> bool:
     """One training process with its parameters on the GPU, and kept there while vLLM generates.
 
     Then every ZeRO-3 "partition" is a whole parameter, so ZeRO-3 saves no memory and its
-    machinery is pure overhead, most of it on the CPU (issue 8's profile at 7.18B: the GPU
+    machinery is pure overhead, most of it on the CPU (the profile at 7.18B: the GPU
     was busy ~1.0 s of a ~3 s train-only step). The knobs `one_gpu_zero3` sets remove what
     can be removed without leaving ZeRO-3 (the checkpoints, the weight push and
     `zeroStage` keep meaning what they mean for larger jobs).

@@ -1,10 +1,10 @@
-"""Learning run through the project's entrypoint (issue 7 §2), on a CUDA machine.
+"""Learning run through the project's entrypoint, on a CUDA machine.
 
 `python -m accelerate.commands.launch` (DeepSpeed ZeRO-3, one process per GPU) →
 `-m colocgrpo_training --config grpo.yaml` with vLLM colocated, on SmolLM2-135M-Instruct,
 task "What is a + b?" (a, b in 1..20, chat template, data generated here) with an
 exact-answer reward — the setup in which TRL 1.16's own GRPOTrainer was measured to learn
-on this machine (reward 0.01 → 0.21 in 80 steps, shared/gpu/README.md). deepspeed.json and
+on an H200 (reward 0.01 → 0.21 in 80 steps). deepspeed.json and
 accelerate.yaml are the operator's own renderings (examples/seed-qwen14b-tp4.yaml) with
 the topology set to this machine.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU proofs (issues 7 + 8) on the GPU machine, after the wheel set is installed
-# (shared/gpu/README.md: install.sh → /tmp/site + /tmp/models/smollm2-135m-instruct).
+# GPU proofs on a CUDA machine, after the GPU stack is installed (docs/gpu-proofs.md:
+# /tmp/site/env.sh when present, the model at /tmp/models/smollm2-135m-instruct).
 #
 #   SMOKE=1 bash tests/gpu/drivers/run_on_device.sh                  # every part, minimal (~5 min)
 #   PARTS=integrity,learning bash tests/gpu/drivers/run_on_device.sh # full parts (≤ 9 min together)
@@ -47,7 +47,7 @@ PY="${PYTHON:-python3}"
 
 say "colocgrpo GPU proofs: SMOKE=$SMOKE PARTS=$PARTS commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 say "gpu: $(nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | head -1)"
-[[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (run shared/gpu install.sh first)"
+[[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (see docs/gpu-proofs.md)"
 if ! "$PY" -c 'import pytest' 2>/dev/null; then
   ls .whl/*.whl >/dev/null 2>&1 || die "pytest missing and no .whl/ carried (carry .whl)"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pytest-site .whl/*.whl || die "pytest install failed"
@@ -140,7 +140,7 @@ if [[ ",$PARTS," == *",zero3,"* ]]; then
 fi
 
 if [[ ",$PARTS," == *",bench-large,"* ]]; then
-  # Issue 8's large size: a random-init decoder made here (~7B on an H200), the sleep-on pair first.
+  # The large size: a random-init decoder made here (~7B on an H200), the sleep-on pair first.
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
   run_part bench-large $(( left + 20 )) "$PY" -m bench.grpo_step --size large --out "$WORK/bench-large" \
     ${BENCH_LARGE_CONTENDERS:+--contenders "$BENCH_LARGE_CONTENDERS"} --budget-seconds $(( left - 200 )) \

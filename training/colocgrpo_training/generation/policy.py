@@ -119,7 +119,7 @@ def plan_wake(state: EngineState, trainer_version: Version) -> WakePlan:
 
 
 # Priors used until a cost has been measured. Wake/sleep level 1 move the weights over
-# PCIe/C2C (measured 16.5 GB/s for vLLM's own wake on an H200, shared/notes/vllm-sleep.md);
+# PCIe/C2C (measured 16.5 GB/s for vLLM's own wake on an H200, docs/sleep-policy.md);
 # a push is a device-local copy plus, under ZeRO-3, an all-gather: assume a conservative
 # 25 GB/s until measured. Level-2 sleep/wake only unmap and remap memory.
 PRIOR_HOST_LINK_BYTES_PER_S = 16.5e9

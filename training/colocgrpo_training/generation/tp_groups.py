@@ -2,7 +2,7 @@
 
 Pure functions (no torch): `ColocatedVLLM` applies them to `torch.distributed` results.
 
-Rules (shared/DESIGN.md "Parallelism rules"): a TP group is `tp` consecutive global ranks
+Rules (docs/sleep-policy.md, "Tensor parallel"): a TP group is `tp` consecutive global ranks
 inside one node, so `tp` must divide gpus_per_node. Every rank of a group gathers the
 group's prompts, generates all of them with the same engine (vLLM shards the model over
 the group), and keeps its own slice; the ranks must feed identical requests with identical
