@@ -1,4 +1,4 @@
-"""The `colocgrpo` commands README.md shows are accepted by the CLI as written.
+"""The `colocgrpo` commands README.md and the docs' shell blocks show are accepted by the CLI as written.
 
 Runs each command line through the real argument parser (placeholders such as <name> filled in),
 so a renamed flag or subcommand breaks this test instead of a reader's first try.
@@ -14,13 +14,20 @@ import pytest
 
 from colocgrpo_operator.cli import build_parser
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+DOC_PAGES = sorted((REPO / "docs").rglob("*.md"))
 DEMO_NAMESPACE = "colocgrpo-demo"
 
 
 def readme_commands() -> list[str]:
     text = README.read_text()
     inline = re.findall(r"`(colocgrpo [^`]*)`", text)
+    return inline + block_commands(text)
+
+
+def block_commands(text: str) -> list[str]:
+    """The `colocgrpo ...` commands of a page's ```bash blocks (inline mentions in docs are often synopses)."""
     in_blocks = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.splitlines():
@@ -29,7 +36,7 @@ def readme_commands() -> list[str]:
                 part = part.split(">", 1)[0].strip()
                 if part.startswith("colocgrpo "):
                     in_blocks.append(part)
-    return inline + in_blocks
+    return in_blocks
 
 
 def runnable(command: str) -> list[str] | None:
@@ -48,6 +55,7 @@ def subcommands() -> set[str]:
 
 
 COMMANDS = readme_commands()
+DOC_COMMANDS = [(page, command) for page in DOC_PAGES for command in block_commands(page.read_text())]
 
 
 def test_readme_shows_commands():
@@ -56,15 +64,28 @@ def test_readme_shows_commands():
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_parses(command):
-    assert command.split()[1] in subcommands(), f"README names `{command}`, which is not a subcommand"
+    assert_parses(command)
+
+
+def assert_parses(command: str) -> None:
+    assert command.split()[1] in subcommands(), f"the docs name `{command}`, which is not a subcommand"
     argv = runnable(command)
     if argv is None:
         return
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:
-        pytest.fail(f"README command `{command}` is rejected by the CLI (exit {exit_.code})")
+        pytest.fail(f"the documented command `{command}` is rejected by the CLI (exit {exit_.code})")
     assert callable(getattr(args, "func", None)), command
+
+
+def test_docs_show_commands():
+    assert len(DOC_COMMANDS) >= 5, DOC_COMMANDS
+
+
+@pytest.mark.parametrize(("page", "command"), DOC_COMMANDS, ids=[f"{p.name}:{c}" for p, c in DOC_COMMANDS])
+def test_docs_command_parses(page, command):
+    assert_parses(command)
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if "tiny-cpu" in c and c.split()[1] in ("watch", "logs")])
