@@ -250,3 +250,12 @@ def test_ttl_deadline_derives_from_completion_time():
         )
         is not None
     )
+
+
+def test_planner_reads_the_gpu_memory_annotation_the_operator_keeps():
+    # Two packages, two spellings of one name: the operator's index view must keep exactly
+    # the annotation the planner reads.
+    from colocgrpo_operator.api import GPU_MEMORY_ANNOTATION
+    from colocgrpo_training.planner import GPU_MEMORY_ANNOTATION as planner_key
+
+    assert planner_key == GPU_MEMORY_ANNOTATION

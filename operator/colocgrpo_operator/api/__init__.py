@@ -16,12 +16,16 @@ from colocgrpo_operator.api.model import (
 )
 from colocgrpo_operator.api.naming import (
     API_VERSION,
+    COMPLETION_INDEX_KEY,
     CRD_NAME,
+    GPU_MEMORY_ANNOTATION,
+    GPU_RESOURCE,
     GROUP,
     JOB_NAME_LABEL,
     KIND,
     KUEUE_QUEUE_LABEL,
     MAX_JOB_NAME_LENGTH,
+    OPERATOR_NAME,
     PLURAL,
     SHORT_NAMES,
     VERSION,
@@ -30,12 +34,16 @@ from colocgrpo_operator.api.validation import JobSpecError, parse_job, spec_chan
 
 __all__ = [
     "API_VERSION",
+    "COMPLETION_INDEX_KEY",
     "CRD_NAME",
+    "GPU_MEMORY_ANNOTATION",
+    "GPU_RESOURCE",
     "GROUP",
     "JOB_NAME_LABEL",
     "KIND",
     "KUEUE_QUEUE_LABEL",
     "MAX_JOB_NAME_LENGTH",
+    "OPERATOR_NAME",
     "PLURAL",
     "SHORT_NAMES",
     "VERSION",

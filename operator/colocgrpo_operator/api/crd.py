@@ -21,6 +21,7 @@ from colocgrpo_operator.api.naming import (
     GROUP,
     KIND,
     MAX_JOB_NAME_LENGTH,
+    OPERATOR_NAME,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -251,7 +252,7 @@ def generate_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": "colocgrpo-operator"}},
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": OPERATOR_NAME}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",

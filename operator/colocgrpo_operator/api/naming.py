@@ -1,4 +1,5 @@
-"""Identity of the ColocGRPOJob API and the names of everything derived from a job.
+"""Identity of the ColocGRPOJob API, the names of everything derived from a job, and every
+label, annotation and other string the operator, the renderer and the CLI share.
 
 Every child object's name is a pure function of the job's name, so the operator, the
 renderer, the trainer and the CLI all agree without passing names around.
@@ -19,6 +20,22 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 JOB_NAME_LABEL = f"{GROUP}/job-name"
 # Kueue picks up batch/v1 Jobs carrying this label (and creating them suspended).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The Job controller puts each pod's completion index (= node rank) in a label and an annotation
+# of this name (and in env JOB_COMPLETION_INDEX).
+COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+# The GPU memory the planner assumes, per job (colocgrpo_training.planner.inputs reads it under
+# the same name: the trainer package does not depend on the operator's).
+GPU_MEMORY_ANNOTATION = f"{GROUP}/gpu-memory-gib"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# The operator's name towards the API server: server-side apply field manager, Events'
+# reporting component, and the managed-by label of every child.
+OPERATOR_NAME = "colocgrpo-operator"
+TRAINER_APP_NAME = "colocgrpo-trainer"  # app.kubernetes.io/name of every child
+# kopf keeps its handler progress and last-handled spec in annotations under this prefix, so
+# `kubectl get -o yaml` shows who put them there and nothing collides with another kopf operator.
+OPERATOR_ANNOTATION_PREFIX = GROUP
+EVENT_NAME_PREFIX = "colocgrpo-"
 
 # The job's name becomes a Service name (DNS-1035 label, 63 characters) and every pod's
 # hostname is `<job>-<completion index>` (also a 63-character DNS label). 52 leaves room

@@ -109,13 +109,14 @@ class DemoRun:
         self.kubeconfig = self.cluster.up()
         from kubernetes import client, config
 
+        from colocgrpo_operator.api import GPU_RESOURCE
         from colocgrpo_operator.controller.kube import KubeApi
 
         api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.api = KubeApi.from_kubeconfig(self.kubeconfig, field_manager="colocgrpo-demo")
         self.core = client.CoreV1Api(api_client)
         nodes = self.api.request("GET", "/api/v1/nodes")["items"]
-        gpus = {n["metadata"]["name"]: n["status"]["capacity"].get("nvidia.com/gpu") for n in nodes}
+        gpus = {n["metadata"]["name"]: n["status"]["capacity"].get(GPU_RESOURCE) for n in nodes}
         _say(f"cluster ready; fake GPU nodes: {', '.join(f'{k} ({v} GPUs)' for k, v in gpus.items())}")
 
     def install_crd(self) -> None:

@@ -12,8 +12,6 @@ from typing import Any
 
 from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
 
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -34,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
     """The newest live pod of that completion index (pure; tested without a cluster)."""
-    candidates = [
-        p for p in pods if (p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) == str(rank)
-    ]
+    from colocgrpo_operator.api import COMPLETION_INDEX_KEY
+
+    candidates = [p for p in pods if (p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_KEY) == str(rank)]
     candidates.sort(
         key=lambda p: (
             not (p.get("metadata") or {}).get("deletionTimestamp"),
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes.client import CoreV1Api
     from kubernetes.client.exceptions import ApiException
 
-    from colocgrpo_operator.api import JOB_NAME_LABEL
+    from colocgrpo_operator.api import COMPLETION_INDEX_KEY, JOB_NAME_LABEL
     from colocgrpo_operator.cli.watch import _context_namespace
 
     api_client = config.new_client_from_config(config_file=args.kubeconfig)
@@ -62,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     pods = [api_client.sanitize_for_serialization(p) for p in listing.items]
     pod = pick_pod(pods, args.rank)
     if pod is None:
-        ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_LABEL) for p in pods} - {None})
+        ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_KEY) for p in pods} - {None})
         if not pods and not _job_exists(api_client, namespace, args.name):
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
             return 2

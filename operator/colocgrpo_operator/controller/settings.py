@@ -22,14 +22,13 @@ from typing import Any
 import aiohttp
 import kopf
 
-from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL
+from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
 from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import start_metrics_server
 from colocgrpo_operator.controller.reconciler import Reconciler
 
-FIELD_MANAGER = "colocgrpo-operator"
-FINALIZER = f"{GROUP}/finalizer"
+FINALIZER = f"{OPERATOR_ANNOTATION_PREFIX}/finalizer"
 
 # Configuration handed from `colocgrpo operator` (or tests) to the startup handler.
 ENV_TRAINER_IMAGE = "COLOCGRPO_TRAINER_IMAGE"
@@ -54,15 +53,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
 
     # Persistence under our own prefix.
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=OPERATOR_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
+        prefix=OPERATOR_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
 
     # Events: ours per phase transition; kopf's own only for warnings and errors.
     settings.posting.level = logging.WARNING
-    settings.posting.reporting_component = FIELD_MANAGER
-    settings.posting.event_name_prefix = "colocgrpo-"
+    settings.posting.reporting_component = OPERATOR_NAME
+    settings.posting.event_name_prefix = EVENT_NAME_PREFIX
 
     # Queueing (formerly "batching"): per-object workers idle out quickly; no global limit
     # (fairness across jobs). An idle worker still holds the last watch event it processed (a
@@ -79,7 +78,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # Timers only re-check, so let them stop instantly on deletion.
     settings.background.instant_exit_timeout = 0.1
 
-    memo.kube = KubeApi(_credentials(), field_manager=FIELD_MANAGER, pool_size=settings.execution.max_workers)
+    memo.kube = KubeApi(_credentials(), field_manager=OPERATOR_NAME, pool_size=settings.execution.max_workers)
     memo.reconciler = Reconciler(
         kube=memo.kube,
         default_image=os.environ.get(ENV_TRAINER_IMAGE) or None,

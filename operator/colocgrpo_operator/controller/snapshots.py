@@ -20,11 +20,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from colocgrpo_operator.api import GROUP
+from colocgrpo_operator.api.naming import COMPLETION_INDEX_KEY, GPU_MEMORY_ANNOTATION, OPERATOR_ANNOTATION_PREFIX
 
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
-
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _pick(source: Any, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -46,7 +44,7 @@ def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     annotations = {
         k: v
         for k, v in (meta.get("annotations") or {}).items()
-        if not (k.startswith(f"{GROUP}/") and k != f"{GROUP}/gpu-memory-gib")
+        if not (k.startswith(f"{OPERATOR_ANNOTATION_PREFIX}/") and k != GPU_MEMORY_ANNOTATION)
         and not k.startswith("kopf.")
         and k != "kubectl.kubernetes.io/last-applied-configuration"
     }
@@ -81,7 +79,7 @@ def pod_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": dict(
             _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
-            labels={k: v for k, v in labels.items() if k == COMPLETION_INDEX_LABEL},
+            labels={k: v for k, v in labels.items() if k == COMPLETION_INDEX_KEY},
             ownerReferences=_owner_uids(meta),
         ),
         "spec": _pick(body.get("spec"), ("nodeName",)),

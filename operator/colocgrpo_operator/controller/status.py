@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from colocgrpo_operator.api import ConditionType, Phase
+from colocgrpo_operator.api.naming import COMPLETION_INDEX_KEY
 
 # Phases as plain strings (the API enum's values), so they compare, hash and format exactly
 # like the strings read back from Kubernetes.
@@ -58,7 +59,6 @@ _TEXT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 _IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})
 _CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 _MAX_MESSAGE = 2000
 
 
@@ -180,9 +180,9 @@ def pods_of_job(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> list[
 
 
 def completion_index(pod: dict[str, Any]) -> int | None:
-    value = _get(pod, "metadata", "labels", COMPLETION_INDEX_LABEL)
+    value = _get(pod, "metadata", "labels", COMPLETION_INDEX_KEY)
     if value is None:
-        value = _get(pod, "metadata", "annotations", "batch.kubernetes.io/job-completion-index")
+        value = _get(pod, "metadata", "annotations", COMPLETION_INDEX_KEY)
     try:
         return int(value)
     except (TypeError, ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-GPU_RESOURCE = "nvidia.com/gpu"
+from colocgrpo_operator.api.naming import GPU_RESOURCE
 
 
 def render_gpu_nodes(count: int = 2, gpus: int = 8, cpu: str = "64", memory: str = "512Gi") -> list[dict]:

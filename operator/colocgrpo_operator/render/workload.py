@@ -11,13 +11,17 @@ from colocgrpo_operator import __version__
 from colocgrpo_operator.api.model import ColocGRPOJob
 from colocgrpo_operator.api.naming import (
     ACCELERATE_CONFIG_KEY,
+    COMPLETION_INDEX_KEY,
     CONFIG_MOUNT_DIR,
     DEEPSPEED_CONFIG_KEY,
+    GPU_RESOURCE,
     GRPO_CONFIG_KEY,
     JOB_NAME_LABEL,
     KUEUE_QUEUE_LABEL,
+    OPERATOR_NAME,
     RENDEZVOUS_PORT,
     REWARD_MODULES_DIR,
+    TRAINER_APP_NAME,
     batch_job_name,
     config_map_name,
     rank0_address,
@@ -30,9 +34,6 @@ from colocgrpo_operator.render.trainer_config import render_trainer_config
 DEFAULT_TRAINER_IMAGE = f"colocgrpo/trainer:{__version__}"
 TRAINER_CONTAINER = "trainer"
 TERMINATION_LOG = "/dev/termination-log"
-GPU_RESOURCE = "nvidia.com/gpu"
-# The Job controller puts the completion index in this pod annotation (and env JOB_COMPLETION_INDEX).
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # ZeRO-3 gathers and writes a full checkpoint on SIGTERM (suspend, preemption); give it time.
 TERMINATION_GRACE_SECONDS = 300
 
@@ -41,9 +42,9 @@ def child_labels(job: ColocGRPOJob) -> dict[str, str]:
     """Labels on every child object and pod."""
     return {
         JOB_NAME_LABEL: job.name,
-        "app.kubernetes.io/name": "colocgrpo-trainer",
+        "app.kubernetes.io/name": TRAINER_APP_NAME,
         "app.kubernetes.io/instance": job.name,
-        "app.kubernetes.io/managed-by": "colocgrpo-operator",
+        "app.kubernetes.io/managed-by": OPERATOR_NAME,
     }
 
 
@@ -115,7 +116,7 @@ def trainer_env(job: ColocGRPOJob) -> list[dict[str, Any]]:
         {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         {
             "name": "MACHINE_RANK",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}},
         },
         {"name": "NUM_MACHINES", "value": str(spec.resources.nodes)},
         {"name": "NUM_PROCESSES", "value": str(job.world_size)},
