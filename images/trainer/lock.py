@@ -5,43 +5,86 @@
 
 requirements.txt names the top-level versions; constraints.txt pins every package the image
 installs, so a build next year installs what was resolved today. The lock is seeded with the
-versions proven on a GPU (shared/gpu/wheels.lock), so wherever a dependency was part of that
-proof the image keeps the proven version. Resolution uses pip's own resolver with explicit
+versions proven on a GPU (gpu-wheels.lock, the offline wheel set), so wherever a dependency was
+part of that proof the image keeps the proven version. Resolution uses pip's own resolver with explicit
 platform options (`pip install --dry-run --report`), so it runs on any machine that reaches PyPI,
 without CUDA; only wheels are accepted, the way the image installs them. DeepSpeed is
-source-only on PyPI; its prebuilt wheel (same version) comes from shared/gpu/ via --find-links.
+source-only on PyPI: its sdist, pinned in gpu-wheels.lock, is built here into a wheel with its CUDA
+ops off (no torch needed) and offered via --find-links.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 REQUIREMENTS = HERE / "requirements.txt"
 CONSTRAINTS = HERE / "constraints.txt"
+# The offline wheel set proven on a GPU host (tests/gpu/drivers/offline_wheels/ prepares and installs it).
+GPU_LOCK = HERE / "gpu-wheels.lock"
+# How an sdist of that lock becomes a wheel (DeepSpeed's setup.py): no prebuilt CUDA ops, which JIT-compile on first
+# use, and the CUDA accelerator recorded in the wheel (with no torch on the building machine it would record "cpu").
+SDIST_BUILD_ENV = {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cuda"}
 
 PYTHON_VERSION = "3.12"
 # Ubuntu 24.04 (the CUDA base image) has glibc 2.39: every manylinux tag up to 2_39 installs there.
 GLIBC_MINOR = 39
 
 
-def shared_gpu_dir() -> Path:
-    """shared/gpu/ beside the checkout (CI lays shared/ next to the clone)."""
-    for candidate in (REPO.parent / "shared" / "gpu", REPO / "shared" / "gpu"):
-        if (candidate / "wheels.lock").is_file():
-            return candidate
-    raise FileNotFoundError(
-        "shared/gpu/ (wheels.lock and the deepspeed wheel) not found beside the checkout "
-        f"at {REPO.parent / 'shared' / 'gpu'}; "
-        "it holds the GPU-proven wheel set and the prebuilt deepspeed wheel PyPI does not have"
-    )
+class GpuLockEntry(NamedTuple):
+    """One line of gpu-wheels.lock: a wheel or sdist from PyPI, pinned by sha256 and size."""
+
+    filename: str
+    sha256: str
+    size: int
+    role: str  # site | model | build
+
+    @property
+    def is_sdist(self) -> bool:
+        return self.filename.endswith(".tar.gz")
+
+    @property
+    def name(self) -> str:
+        return normalize(self.filename.split("-")[0])
+
+    @property
+    def version(self) -> str:
+        return self.filename.removesuffix(".tar.gz").split("-")[1]
+
+
+def read_gpu_lock(path: Path = GPU_LOCK) -> list[GpuLockEntry]:
+    """Every entry of gpu-wheels.lock (FILENAME SHA256 BYTES ROLE; '#' lines are comments); raises on a bad line."""
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = line.split()
+        where = f"{path.name}:{number}"
+        if len(fields) != 4:
+            raise ValueError(f"{where}: expected FILENAME SHA256 BYTES ROLE, got {line!r}")
+        filename, sha256, size, role = fields
+        if not (filename.endswith(".whl") or filename.endswith(".tar.gz")) or filename.count("-") < 1:
+            raise ValueError(f"{where}: {filename!r} is neither a wheel nor an sdist filename")
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise ValueError(f"{where}: {sha256!r} is not a sha256")
+        if not size.isdigit():
+            raise ValueError(f"{where}: {size!r} is not a size in bytes")
+        if role not in ("site", "model", "build"):
+            raise ValueError(f"{where}: ROLE must be site, model or build, got {role!r}")
+        if filename.endswith(".tar.gz") and role != "site":
+            raise ValueError(f"{where}: an sdist is built into a site wheel, so its ROLE is site, got {role!r}")
+        entries.append(GpuLockEntry(filename, sha256, int(size), role))
+    return entries
 
 
 def platform_args() -> list[str]:
@@ -73,20 +116,111 @@ def read_pins(path: Path) -> dict[str, str]:
     return pins
 
 
-def proven_versions(gpu_dir: Path) -> dict[str, str]:
-    """name -> version of the wheels installed on the GPU machine (role `site` in wheels.lock)."""
-    proven: dict[str, str] = {}
-    for line in (gpu_dir / "wheels.lock").read_text().splitlines():
-        fields = line.split()
-        if len(fields) == 5 and not line.startswith("#") and fields[4] == "site":
-            name, version = fields[0].split("-")[:2]
-            proven[normalize(name)] = version
-    return proven
+def proven_versions(path: Path = GPU_LOCK) -> dict[str, str]:
+    """name -> version of what the GPU host installs (ROLE `site` in gpu-wheels.lock, sdists included)."""
+    return {entry.name: entry.version for entry in read_gpu_lock(path) if entry.role == "site"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("COLOCGRPO_CACHE") or Path.home() / ".cache" / "colocgrpo")
+
+
+def _pip(pip_python: str, *args: str, env: dict[str, str] | None = None) -> None:
+    result = subprocess.run([pip_python, "-m", "pip", *args], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"pip {args[0]} failed:\n{result.stdout[-2000:]}{result.stderr[-4000:]}")
+
+
+def _hash_pins(path: Path, entries: list[GpuLockEntry]) -> Path:
+    path.write_text("".join(f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n" for e in entries))
+    return path
+
+
+def sdist_wheels(pip_python: str = sys.executable, cache: Path | None = None) -> Path:
+    """A folder with a py3-none-any wheel built from each sdist of gpu-wheels.lock, for pip's --find-links.
+
+    PyPI has only DeepSpeed's sdist. It is fetched pinned by its sha256 and built with SDIST_BUILD_ENV (CUDA ops
+    off, as the trainer image and the offline wheel set build it), without build isolation, against the lock's
+    `build` wheels only. No torch is needed. The folder is cached, keyed by the sha256 of the sdists and the build
+    wheels, so the build runs once per lock.
+    """
+    entries = read_gpu_lock()
+    sdists = [e for e in entries if e.is_sdist]
+    backend = [e for e in entries if e.role == "build"]
+    key = hashlib.sha256(" ".join(e.sha256 for e in sdists + backend).encode()).hexdigest()[:16]
+    folder = (cache or cache_dir()) / "sdist-wheels" / key
+    wanted = [f"{e.filename.split('-')[0]}-{e.version}-py3-none-any.whl" for e in sdists]
+    if all((folder / name).is_file() for name in wanted):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        work = Path(tmp)
+        # The build backend, pinned by the lock, on PYTHONPATH ahead of anything the interpreter has.
+        pins = _hash_pins(work / "backend.txt", backend)
+        _pip(
+            pip_python,
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+            "-d",
+            str(work / "backend-dl"),
+            "-r",
+            str(pins),
+        )
+        _pip(
+            pip_python,
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(work / "backend"),
+            *(str(work / "backend-dl" / e.filename) for e in backend),
+        )
+        env = {**os.environ, **SDIST_BUILD_ENV, "PYTHONPATH": str(work / "backend")}
+        pins = _hash_pins(work / "sdists.txt", sdists)
+        _pip(
+            pip_python,
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary=:all:",
+            "--no-build-isolation",
+            "--require-hashes",
+            "-d",
+            str(work / "sdists"),
+            "-r",
+            str(pins),
+            env=env,
+        )
+        for entry in sdists:
+            _pip(
+                pip_python,
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-cache-dir",
+                "-w",
+                str(work / "built"),
+                str(work / "sdists" / entry.filename),
+                env=env,
+            )
+        missing = [name for name in wanted if not (work / "built" / name).is_file()]
+        if missing:
+            raise RuntimeError(
+                f"building the sdists gave {sorted(p.name for p in (work / 'built').iterdir())}, not {missing}"
+            )
+        if not folder.exists():  # another process may have finished first
+            (work / "built").rename(folder)  # atomic: a half-built folder is never seen
+    return folder
 
 
 def resolve(requirements: Path, constraints: Path | None, pip_python: str = sys.executable) -> dict[str, str]:
     """What pip would install for the image: name -> version (raises with pip's output on conflict)."""
-    gpu_dir = shared_gpu_dir()
+    wheels = sdist_wheels(pip_python)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         command = [
@@ -102,7 +236,7 @@ def resolve(requirements: Path, constraints: Path | None, pip_python: str = sys.
             "--only-binary=:all:",
             *platform_args(),
             "--find-links",
-            str(gpu_dir),
+            str(wheels),
             "-r",
             str(requirements),
         ]
@@ -118,7 +252,7 @@ def resolve(requirements: Path, constraints: Path | None, pip_python: str = sys.
 def write_lock(resolved: dict[str, str]) -> None:
     lines = [
         "# GENERATED by `python images/trainer/lock.py --write` from requirements.txt, seeded with the",
-        "# GPU-proven versions of shared/gpu/wheels.lock. Every package the trainer image installs",
+        "# GPU-proven versions of gpu-wheels.lock. Every package the trainer image installs",
         "# (CPython 3.12, Linux x86_64); the Dockerfile installs with `-c constraints.txt`.",
         *(f"{name}=={version}" for name, version in sorted(resolved.items())),
     ]
@@ -129,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite constraints.txt")
     args = parser.parse_args(argv)
-    proven = proven_versions(shared_gpu_dir())
+    proven = proven_versions()
     top_level = read_pins(REQUIREMENTS)
     with tempfile.TemporaryDirectory() as tmp:
         seed = Path(tmp) / "proven.txt"

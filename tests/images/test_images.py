@@ -108,32 +108,38 @@ def test_trainer_pins_fall_in_the_trainer_extra():
 
 
 def test_lock_keeps_every_gpu_proven_version():
-    proven = lock.proven_versions(lock.shared_gpu_dir())
+    proven = lock.proven_versions()
     locked = lock.read_pins(lock.CONSTRAINTS)
     assert len(proven) >= 30
     drift = {name: (version, locked.get(name)) for name, version in proven.items() if locked.get(name) != version}
     assert not drift, f"proven on the GPU -> locked: {drift}"
-    # torch, transformers and accelerate were preinstalled on the GPU machine (shared/gpu/README.md).
+    # torch, transformers and accelerate were preinstalled on the GPU host (docs/gpu-proofs.md).
     assert (locked["torch"], locked["transformers"], locked["accelerate"]) == ("2.11.0", "5.17.0", "1.15.0")
 
 
-def test_shared_gpu_dir_missing_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(lock, "REPO", tmp_path / "clone")
-    with pytest.raises(FileNotFoundError, match="shared/gpu/.*deepspeed wheel"):
-        lock.shared_gpu_dir()
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ("vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl  abc  303698761  site", "not a sha256"),
+        (f"vllm-0.26.0-py3-none-any.whl  {'0' * 64}  303698761", "expected FILENAME SHA256 BYTES ROLE"),
+        (f"vllm-0.26.0-py3-none-any.whl  {'0' * 64}  many  site", "not a size in bytes"),
+        (f"vllm-0.26.0-py3-none-any.whl  {'0' * 64}  1  extra", "ROLE must be site, model or build"),
+        (f"vllm-0.26.0.zip  {'0' * 64}  1  site", "neither a wheel nor an sdist"),
+        (f"deepspeed-0.19.8.tar.gz  {'0' * 64}  1  model", "its ROLE is site"),
+    ],
+)
+def test_a_bad_gpu_lock_line_is_a_clear_error(tmp_path, line, complaint):
+    bad = tmp_path / "gpu-wheels.lock"
+    bad.write_text(f"# comment\n\n{line}\n")
+    with pytest.raises(ValueError, match=f"gpu-wheels.lock:3: .*{re.escape(complaint)}"):
+        lock.read_gpu_lock(bad)
 
 
 def _resolved_with_cache() -> dict[str, str]:
     """Resolve requirements + constraints (about a minute of PyPI metadata), cached by their content."""
-    gpu_dir = lock.shared_gpu_dir()
-    key_source = lock.REQUIREMENTS.read_bytes() + lock.CONSTRAINTS.read_bytes()
-    key_source += " ".join(sorted(p.name for p in gpu_dir.glob("*.whl"))).encode()
+    key_source = lock.REQUIREMENTS.read_bytes() + lock.CONSTRAINTS.read_bytes() + lock.GPU_LOCK.read_bytes()
     key = hashlib.sha256(key_source).hexdigest()[:16]
-    cache = (
-        Path(os.environ.get("COLOCGRPO_CACHE") or Path.home() / ".cache" / "colocgrpo")
-        / "trainer-resolve"
-        / f"{key}.json"
-    )
+    cache = lock.cache_dir() / "trainer-resolve" / f"{key}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     resolved = lock.resolve(lock.REQUIREMENTS, lock.CONSTRAINTS)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU proofs on a CUDA machine, after the GPU stack is installed (docs/gpu-proofs.md:
-# /tmp/site/env.sh when present, the model at /tmp/models/smollm2-135m-instruct).
+# GPU proofs on a CUDA machine, after the GPU stack is installed (docs/gpu-proofs.md; on an air-gapped host:
+# tests/gpu/drivers/offline_wheels/install.sh → /tmp/site/env.sh, the model at /tmp/models/smollm2-135m-instruct).
 #
 #   SMOKE=1 bash tests/gpu/drivers/run_on_device.sh                  # every part, minimal (~5 min)
 #   PARTS=integrity,learning bash tests/gpu/drivers/run_on_device.sh # full parts (≤ 9 min together)
@@ -47,7 +47,7 @@ PY="${PYTHON:-python3}"
 
 say "colocgrpo GPU proofs: SMOKE=$SMOKE PARTS=$PARTS commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 say "gpu: $(nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | head -1)"
-[[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (see docs/gpu-proofs.md)"
+[[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (run tests/gpu/drivers/offline_wheels/install.sh first)"
 if ! "$PY" -c 'import pytest' 2>/dev/null; then
   ls .whl/*.whl >/dev/null 2>&1 || die "pytest missing and no .whl/ carried (carry .whl)"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pytest-site .whl/*.whl || die "pytest install failed"
