@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,22 +41,34 @@ def ttl_deadline(cr: dict[str, Any] | None) -> datetime | None:
 
 
 class Housekeeper:
+    """The operator-wide clock (the module docstring says why one loop).
+
+    Args:
+        reconciler: every re-check goes through its `reconcile` (and so through the job's lock);
+            its wake-ups shorten the loop's sleep.
+        jobs: the live index of ColocGRPOJobs (key -> packed views), read each round.
+        read_inputs: one job's inputs from the indices, called once the job's lock is held.
+        recheck_seconds: period of the re-check of every active job.
+        logger: where failed re-checks and TTL deletions are reported (they never stop the loop).
+    """
+
     def __init__(
         self,
         reconciler: Reconciler,
-        jobs: Any,
+        jobs: Mapping[Key, Iterable[str]],
         read_inputs: Callable[[Key], Inputs],
         recheck_seconds: float,
         logger: logging.Logger,
     ):
         self.reconciler = reconciler
-        self.jobs = jobs  # the jobs_by_name index (live)
+        self.jobs = jobs
         self.read_inputs = read_inputs
         self.recheck_seconds = recheck_seconds
         self.logger = logger
         self._expired: set[tuple[Key, str]] = set()
 
     async def run(self) -> None:
+        """Re-check and expire until cancelled; an error of one job never ends the loop."""
         loop = asyncio.get_running_loop()
         # The first re-check waits one period, so kopf has listed every Job and pod by then.
         last_recheck = loop.time()
@@ -102,7 +114,7 @@ class Housekeeper:
                 continue
             self._expired.add((key, uid))
             try:
-                deleted = await self.reconciler._blocking(self.reconciler.kube.delete_job_resource, key[0], key[1], uid)
+                deleted = await self.reconciler.delete_job(key, uid)
             except Exception as error:
                 self._expired.discard((key, uid))  # try again on the next round
                 self.logger.warning("deleting %s/%s after its TTL failed: %s", *key, error)

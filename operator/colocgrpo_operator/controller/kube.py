@@ -14,31 +14,28 @@ from urllib.parse import urlencode
 
 import urllib3
 
-from colocgrpo_operator.api import GROUP, PLURAL, VERSION
+from colocgrpo_operator.api import GROUP, KIND, PLURAL, VERSION
 from colocgrpo_operator.controller.credentials import Credentials, load_credentials
 from colocgrpo_operator.controller.metrics import API_REQUESTS
 
-# kind -> (API path prefix, plural) for every child the renderer produces.
+# kind -> (API path prefix, plural) for every child the renderer produces, and the job itself.
 _KIND_PATHS = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
-    "Secret": ("/api/v1", "secrets"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Job": ("/apis/batch/v1", "jobs"),
-    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    KIND: (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 
 
-def object_path(kind: str, namespace: str, name: str | None = None) -> str:
+def object_path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    """The API path of a namespaced object of `kind` (its collection when `name` is None)."""
     prefix, plural = _KIND_PATHS[kind]
     path = f"{prefix}/namespaces/{namespace}/{plural}"
-    return f"{path}/{name}" if name else path
-
-
-def job_resource_path(namespace: str, name: str, subresource: str | None = None) -> str:
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    if name:
+        path = f"{path}/{name}"
     return f"{path}/{subresource}" if subresource else path
 
 
@@ -151,9 +148,10 @@ class KubeApi:
             raise
 
     def delete(
-        self, kind: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+        self, kind: str, namespace: str, name: str, *, propagation: str = "Background", uid: str | None = None
     ) -> bool:
-        """Delete (optionally only that exact object, by uid); False when already gone."""
+        """Delete with that propagation policy (only that exact object when `uid` is given).
+        False when it is already gone (404) or is another object by now (409, uid mismatch)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         if uid:
             body["preconditions"] = {"uid": uid}
@@ -181,19 +179,7 @@ class KubeApi:
         assert "progress" not in status, "the operator never writes status.progress"
         return self.request(
             "PATCH",
-            job_resource_path(namespace, name, "status"),
+            object_path(KIND, namespace, name, "status"),
             body={"status": status},
             content_type="application/merge-patch+json",
         )
-
-    def delete_job_resource(self, namespace: str, name: str, uid: str | None = None) -> bool:
-        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
-        if uid:
-            body["preconditions"] = {"uid": uid}
-        try:
-            self.request("DELETE", job_resource_path(namespace, name), body=body)
-        except KubeApiError as error:
-            if error.status in (404, 409):
-                return False
-            raise
-        return True

@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from colocgrpo_operator.api import JobSpecError, parse_job
+from colocgrpo_operator.api import KIND, JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
@@ -178,6 +178,13 @@ class Reconciler:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
         self._wakeup.clear()
+
+    async def delete_job(self, key: Key, uid: str | None) -> bool:
+        """Delete the ColocGRPOJob itself (only that exact object when `uid` is given; its
+        children go by garbage collection), in an executor thread. Returns False when it is
+        already gone or has been replaced by another of the same name; raises KubeApiError
+        on any other refusal."""
+        return await self._blocking(self.kube.delete, KIND, key[0], key[1], uid=uid)
 
     def forget(self, key: Key) -> None:
         """The job is gone: drop its caches and its phase from the gauge."""
@@ -361,7 +368,7 @@ class Reconciler:
         await self._write_status(key, cr, previous, desired)
         if action is derive.Action.RESTART_GANG and job is not None:
             uid = (job.get("metadata") or {}).get("uid")
-            deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], "Foreground", uid)
+            deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid)
             if deleted and assessment.failure is not None:
                 GANG_RESTARTS.labels(counted=str(assessment.failure.counted).lower()).inc()
                 self.logger.warning("gang restart after %s: %s", assessment.failure.reason, assessment.failure.message)
