@@ -1,4 +1,5 @@
-"""Status derivation (controller/status.py): pure, so every phase and reason is checked here."""
+"""Status derivation (controller/status.py and the modules beside it): pure, so every phase and reason
+is checked here."""
 
 from __future__ import annotations
 
@@ -10,17 +11,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from colocgrpo_operator.controller.status import (
-    Action,
-    RunFacts,
-    assess,
-    condition_of,
-    format_time,
-    invalid_spec_status,
-    reason_from_termination_message,
-    remaining_deadline,
-    set_condition,
-)
+from colocgrpo_operator.controller.conditions import condition_of, set_condition
+from colocgrpo_operator.controller.failures import reason_from_termination_message
+from colocgrpo_operator.controller.objects import format_time
+from colocgrpo_operator.controller.status import Action, RunFacts, assess, invalid_spec_status, remaining_deadline
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 JOB_UID = "job-uid-1"

@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from colocgrpo_operator.controller.objects import parse_time
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
 from colocgrpo_operator.controller.snapshots import first_view
-from colocgrpo_operator.controller.status import TERMINAL_PHASES, parse_time
+from colocgrpo_operator.controller.status import TERMINAL_PHASES
 
 
 def ttl_deadline(cr: dict[str, Any] | None) -> datetime | None:

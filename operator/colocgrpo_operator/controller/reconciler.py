@@ -27,6 +27,7 @@ import kopf
 
 from colocgrpo_operator.api import KIND, JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
+from colocgrpo_operator.controller.conditions import set_condition
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, unpack
@@ -333,7 +334,7 @@ class Reconciler:
                 warn, reason, message = parsed.plan_warning
                 desired = dict(
                     desired,
-                    conditions=derive.set_condition(
+                    conditions=set_condition(
                         desired.get("conditions", []), "PlanWarning", warn, reason, message, now, meta.get("generation")
                     ),
                 )

@@ -5,20 +5,31 @@ status, now) in, (the new status, the one action the operator must take) out. Th
 handlers only gather the inputs from their indices and carry out the action, so every
 decision about phases, reasons and restarts is unit-tested without a cluster.
 
-The status written here never contains `progress`: that subtree belongs to the trainer.
+The pieces live beside it: why a gang failed (failures.py), how the workers stand
+(workers.py), how conditions are kept (conditions.py). The status written here never
+contains `progress`: that subtree belongs to the trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import json
-import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from colocgrpo_operator.api import ConditionType, Phase
-from colocgrpo_operator.api.naming import COMPLETION_INDEX_KEY
+from colocgrpo_operator.api import Phase
+from colocgrpo_operator.controller.conditions import condition_of, set_condition
+from colocgrpo_operator.controller.failures import Failure, classify_failure
+from colocgrpo_operator.controller.objects import (
+    completion_index,
+    dig,
+    format_time,
+    job_condition,
+    parse_time,
+    pods_of_job,
+    truncate,
+)
+from colocgrpo_operator.controller.workers import is_fully_running, waiting_reason, workers_of
 
 # Phases as plain strings (the API enum's values), so they compare, hash and format exactly
 # like the strings read back from Kubernetes.
@@ -34,48 +45,8 @@ FAILED = Phase.FAILED.value
 # status read from the cluster holds (an unhashable list, say).
 TERMINAL_PHASES = (SUCCEEDED, FAILED)
 
-# Condition types, in the order they are listed in status.conditions (the API enum's order).
-CONDITION_TYPES = tuple(condition_type.value for condition_type in ConditionType)
-
-# Failure reasons a restart cannot fix: the same spec would fail the same way again.
-NON_RETRYABLE_REASONS = frozenset({"DeadlineExceeded", "InvalidConfig", "DataError", "InvalidSpec"})
-
-# What the trainer may report in its termination message (shared/DESIGN.md failure reporting).
-TRAINER_REASONS = frozenset(
-    {"CUDAOutOfMemory", "NCCLTimeout", "VLLMError", "InvalidConfig", "DataError", "TrainerError"}
-)
-
-# Plain-text recognition for processes that died before the trainer could write JSON
-# (a CUDA OOM inside a NCCL call, a watchdog abort, a user's --command).
-_TEXT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", re.I), "CUDAOutOfMemory"),
-    (
-        re.compile(r"NCCL.*(timed? ?out|timeout)|Watchdog caught collective operation timeout", re.I | re.S),
-        "NCCLTimeout",
-    ),
-)
-
-# Container waiting reasons that mean "this pod will not start by itself", worst first.
-_IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})
-_CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
-
-_MAX_MESSAGE = 2000
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as Kubernetes writes timestamps."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: Any) -> datetime | None:
-    """A Kubernetes timestamp (or None for anything unparseable: status is never trusted blindly)."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+# (status, reason, message) of a condition, as the derivation decides it.
+ConditionState = tuple[bool, str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,21 +61,6 @@ class RunFacts:
     stall_timeout_seconds: int | None = None
     active_deadline_seconds: int | None = None
     generation: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """Why the gang stopped. `counted` is False for evictions and preemptions."""
-
-    reason: str
-    message: str
-    counted: bool = True
-    pod: str | None = None
-    exit_code: int | None = None
-
-    @property
-    def retryable(self) -> bool:
-        return self.reason not in NON_RETRYABLE_REASONS
 
 
 class Action(enum.StrEnum):
@@ -123,316 +79,11 @@ class Assessment:
 
     @property
     def phase(self) -> str:
-        return self.status["phase"]
+        phase: str = self.status["phase"]
+        return phase
 
 
-# ----------------------------------------------------------------------------- small readers
-
-
-def _get(obj: Any, *path: str, default: Any = None) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return default
-        obj = obj.get(key)
-    return default if obj is None else obj
-
-
-def _list(value: Any) -> list[Any]:
-    """The value if it is a list (status written by others is never trusted to be well-formed)."""
-    return value if isinstance(value, list) else []
-
-
-def _job_condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for condition in _list(_get(job, "status", "conditions")):
-        if isinstance(condition, dict) and condition.get("type") == type_ and condition.get("status") == "True":
-            return condition
-    return None
-
-
-def _pod_condition(pod: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for condition in _list(_get(pod, "status", "conditions")):
-        if isinstance(condition, dict) and condition.get("type") == type_:
-            return condition
-    return None
-
-
-def _container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    statuses = _list(_get(pod, "status", "initContainerStatuses")) + _list(_get(pod, "status", "containerStatuses"))
-    return [s for s in statuses if isinstance(s, dict)]
-
-
-def _truncate(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
-
-
-def pods_of_job(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The pods of this very Job (by owner uid): pods of a deleted predecessor do not count."""
-    uid = _get(job, "metadata", "uid")
-    if not uid:
-        return []
-    owned = []
-    for pod in pods:
-        owners = _list(_get(pod, "metadata", "ownerReferences"))
-        if any(isinstance(o, dict) and o.get("uid") == uid for o in owners):
-            owned.append(pod)
-    return owned
-
-
-def completion_index(pod: dict[str, Any]) -> int | None:
-    value = _get(pod, "metadata", "labels", COMPLETION_INDEX_KEY)
-    if value is None:
-        value = _get(pod, "metadata", "annotations", COMPLETION_INDEX_KEY)
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-# ----------------------------------------------------------------------------- failures
-
-
-def reason_from_termination_message(message: str) -> tuple[str | None, str]:
-    """(reason, human message) from a container's termination message.
-
-    The trainer writes JSON {"reason": ..., "message": ...}; anything else is matched
-    against known plain-text signatures. Unknown reasons are kept if they look like a
-    CamelCase identifier (so a newer trainer's reason is shown, not hidden).
-    """
-    text = (message or "").strip()
-    if text.startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
-        if isinstance(data, dict):
-            reason = data.get("reason")
-            human = data.get("message")
-            human = human if isinstance(human, str) else text
-            if isinstance(reason, str) and re.fullmatch(r"[A-Z][A-Za-z0-9]{0,63}", reason):
-                return reason, human
-            return _reason_from_text(human), human
-    return _reason_from_text(text), text
-
-
-def _reason_from_text(text: str) -> str | None:
-    for pattern, reason in _TEXT_PATTERNS:
-        if pattern.search(text):
-            return reason
-    return None
-
-
-def _disruption(pod: dict[str, Any]) -> Failure | None:
-    condition = _pod_condition(pod, "DisruptionTarget")
-    if not condition or condition.get("status") != "True":
-        return None
-    cause = str(condition.get("reason") or "")
-    reason = "Preempted" if "Preemption" in cause else "Evicted"
-    message = condition.get("message") or _get(pod, "status", "message") or f"pod disrupted ({cause or 'unknown'})"
-    return Failure(
-        reason,
-        _truncate(f"pod {_get(pod, 'metadata', 'name')}: {message}"),
-        counted=False,
-        pod=_get(pod, "metadata", "name"),
-    )
-
-
-def _pod_failure(pod: dict[str, Any]) -> Failure:
-    name = _get(pod, "metadata", "name")
-    disruption = _disruption(pod)
-    if disruption:
-        return disruption
-    if _get(pod, "status", "reason") == "Evicted":
-        # Older kubelets evict without the DisruptionTarget condition.
-        return Failure(
-            "Evicted",
-            _truncate(f"pod {name}: {_get(pod, 'status', 'message', default='evicted')}"),
-            counted=False,
-            pod=name,
-        )
-    for status in _container_statuses(pod):
-        terminated = _get(status, "state", "terminated") or _get(status, "lastState", "terminated")
-        if not isinstance(terminated, dict):
-            continue
-        exit_code = terminated.get("exitCode")
-        if exit_code == 0:
-            continue
-        container = status.get("name", "trainer")
-        if terminated.get("reason") == "OOMKilled":
-            return Failure(
-                "OOMKilled",
-                f"pod {name}: container {container} was killed for exceeding its memory limit",
-                pod=name,
-                exit_code=exit_code,
-            )
-        reason, human = reason_from_termination_message(str(terminated.get("message") or ""))
-        detail = human or f"container {container} exited with code {exit_code}"
-        return Failure(
-            reason or "Error",
-            _truncate(f"pod {name}: {detail} (exit code {exit_code})"),
-            pod=name,
-            exit_code=exit_code if isinstance(exit_code, int) else None,
-        )
-    return Failure(
-        "Error", _truncate(f"pod {name} failed: {_get(pod, 'status', 'message', default='no details')}"), pod=name
-    )
-
-
-def _failure_time(pod: dict[str, Any]) -> str:
-    """When the pod died: its containers' finish, or when it was marked disrupted or deleted."""
-    times = []
-    for status in _container_statuses(pod):
-        finished = _get(status, "state", "terminated", "finishedAt")
-        if isinstance(finished, str):
-            times.append(finished)
-    disruption = _pod_condition(pod, "DisruptionTarget")
-    if disruption and isinstance(disruption.get("lastTransitionTime"), str):
-        times.append(disruption["lastTransitionTime"])
-    deleted = _get(pod, "metadata", "deletionTimestamp")
-    if isinstance(deleted, str):
-        times.append(deleted)
-    return min(times) if times else "~"  # "~" sorts after digits: pods without times go last
-
-
-def classify_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure | None:
-    """Why the current gang failed, or None while it has not.
-
-    The gang has failed when the Job says so (Failed or FailureTarget) or one of its pods
-    failed on its own: one dead rank stalls every collective, so the whole gang restarts. A
-    pod that failed because it was deleted (suspension, a scale-down, namespace teardown) is
-    not evidence by itself; only the Job's own verdict makes it one. The first pod to die is
-    the cause — the others usually die of it (NCCL timeouts, or the Job controller deleting
-    them) — and a cause that was evicted or preempted makes the failure uncounted.
-    """
-    if _get(job, "spec", "suspend") is True:
-        return None  # pods of a suspended Job are deleted on purpose
-    failed_pods = [p for p in pods if _get(p, "status", "phase") == "Failed"]
-    job_failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
-    if job_failed and job_failed.get("reason") == "DeadlineExceeded":
-        return Failure(
-            "DeadlineExceeded", _truncate(job_failed.get("message") or "the job ran past activeDeadlineSeconds")
-        )
-    evidence = [p for p in failed_pods if not _get(p, "metadata", "deletionTimestamp")]
-    if not evidence and not job_failed:
-        return None
-    candidates = failed_pods if job_failed else evidence
-    if candidates:
-        first = min(
-            candidates, key=lambda p: (_failure_time(p), _disruption(p) is None, str(_get(p, "metadata", "name")))
-        )
-        return _pod_failure(first)
-    return Failure(
-        str(job_failed.get("reason") or "Error"), _truncate(job_failed.get("message") or "the batch Job failed")
-    )
-
-
-# ----------------------------------------------------------------------------- waiting pods
-
-
-def _waiting_reason(pods: list[dict[str, Any]], nodes: int, running: int) -> tuple[str, str]:
-    """The most telling reason the gang is not all running yet, with a message."""
-    ranked: list[tuple[int, str, str]] = []
-    for pod in pods:
-        name = _get(pod, "metadata", "name")
-        scheduled = _pod_condition(pod, "PodScheduled")
-        if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-            ranked.append((0, "Unschedulable", f"pod {name}: {scheduled.get('message') or 'no node fits'}"))
-            continue
-        for status in _container_statuses(pod):
-            waiting = _get(status, "state", "waiting")
-            if not isinstance(waiting, dict):
-                continue
-            reason = str(waiting.get("reason") or "")
-            message = waiting.get("message") or reason
-            if reason in _IMAGE_PULL_REASONS:
-                ranked.append((1, "ImagePullBackOff", f"pod {name}: {reason}: {message}"))
-            elif reason == "CrashLoopBackOff":
-                ranked.append((2, "CrashLoopBackOff", f"pod {name}: {message}"))
-            elif reason in _CONFIG_REASONS:
-                ranked.append((3, reason, f"pod {name}: {message}"))
-            elif reason:
-                ranked.append((5, "ContainerCreating", f"pod {name}: {reason}"))
-    if ranked:
-        _, reason, message = min(ranked)
-        return reason, _truncate(message)
-    return "WaitingForPods", f"{running}/{nodes} workers running"
-
-
-def _is_ready(pod: dict[str, Any]) -> bool:
-    ready = _pod_condition(pod, "Ready")
-    return bool(ready and ready.get("status") == "True")
-
-
-def _is_fully_running(pod: dict[str, Any]) -> bool:
-    if _get(pod, "status", "phase") != "Running" or _get(pod, "metadata", "deletionTimestamp"):
-        return False
-    statuses = [s for s in _list(_get(pod, "status", "containerStatuses")) if isinstance(s, dict)]
-    return all(isinstance(_get(s, "state", "running"), dict) for s in statuses)
-
-
-def workers_of(pods: list[dict[str, Any]], gpus_per_node: int) -> dict[str, int]:
-    active = [
-        p
-        for p in pods
-        if _get(p, "status", "phase") in ("Pending", "Running") and not _get(p, "metadata", "deletionTimestamp")
-    ]
-    return {
-        "active": len(active),
-        "ready": sum(1 for p in active if _is_ready(p)),
-        "succeeded": sum(1 for p in pods if _get(p, "status", "phase") == "Succeeded"),
-        "failed": sum(1 for p in pods if _get(p, "status", "phase") == "Failed"),
-        "gpus": len([p for p in active if _get(p, "spec", "nodeName")]) * max(gpus_per_node, 0),
-    }
-
-
-# ----------------------------------------------------------------------------- conditions
-
-
-def set_condition(
-    conditions: list[dict[str, Any]],
-    type_: str,
-    status: bool | str,
-    reason: str,
-    message: str,
-    now: datetime,
-    generation: int | None = None,
-) -> list[dict[str, Any]]:
-    """A new list with one condition set; lastTransitionTime moves only when status flips."""
-    status_text = status if isinstance(status, str) else ("True" if status else "False")
-    previous = next((c for c in conditions if isinstance(c, dict) and c.get("type") == type_), None)
-    if previous and previous.get("status") == status_text and previous.get("lastTransitionTime"):
-        transition = previous["lastTransitionTime"]
-    else:
-        transition = format_time(now)
-    condition = {
-        "type": type_,
-        "status": status_text,
-        "reason": reason,
-        "message": _truncate(message),
-        "lastTransitionTime": transition,
-    }
-    if generation is not None:
-        condition["observedGeneration"] = generation
-    others = [c for c in conditions if not (isinstance(c, dict) and c.get("type") == type_)]
-    return _ordered([*others, condition])
-
-
-def _ordered(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def rank(condition: dict[str, Any]) -> int:
-        type_ = condition.get("type")
-        return CONDITION_TYPES.index(type_) if type_ in CONDITION_TYPES else len(CONDITION_TYPES)
-
-    return sorted((c for c in conditions if isinstance(c, dict)), key=rank)
-
-
-def condition_of(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    for condition in _list((status or {}).get("conditions")):
-        if isinstance(condition, dict) and condition.get("type") == type_:
-            return condition
-    return None
-
-
-# ----------------------------------------------------------------------------- the derivation
+# ----------------------------------------------------------------------------- invalid specs
 
 
 def invalid_spec_status(
@@ -450,7 +101,7 @@ def invalid_spec_status(
     # No pods exist for an invalid spec: zero workers, so `kubectl get cgj` shows GPUs 0, not blank.
     base.update(
         phase=FAILED,
-        message=_truncate(f"invalid spec: {message}"),
+        message=truncate(f"invalid spec: {message}"),
         conditions=conditions,
         observedGeneration=generation,
         workers=workers_of([], 0),
@@ -471,6 +122,104 @@ def _as_int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
+# ----------------------------------------------------------------------------- the builder
+
+
+@dataclasses.dataclass
+class _StatusBuilder:
+    """The status being derived in one `assess`: what the derivation has learned so far (the
+    counters, the last failure, start and completion times, the action), turned into the
+    status by `build` once the phase is known."""
+
+    facts: RunFacts
+    now: datetime
+    base: dict[str, Any]
+    conditions: list[dict[str, Any]]
+    restarts: int
+    disruptions: int
+    last_failure: dict[str, Any] | None
+    workers: dict[str, int]
+    rank0_pod: str | None
+    start_time: str | None
+    completion_time: str | None
+    action: Action = Action.NONE
+    failure: Failure | None = None
+
+    def _set(self, type_: str, state: ConditionState) -> None:
+        status, reason, message = state
+        self.conditions = set_condition(
+            self.conditions, type_, status, reason, message, self.now, self.facts.generation
+        )
+
+    def build(
+        self,
+        phase: str,
+        message: str,
+        running: ConditionState,
+        *,
+        failed_reason: str | None = None,
+        stalled: ConditionState | None = None,
+    ) -> Assessment:
+        """The status in `phase` with its summary `message`, every condition set to agree."""
+        facts = self.facts
+        self._set("Running", running)
+        queued = phase == QUEUED
+        self._set(
+            "Queued",
+            (
+                queued,
+                "WaitingForAdmission" if queued else "NotQueued",
+                f"waiting for Kueue queue {facts.queue_name} to admit the job"
+                if queued
+                else "not waiting for admission",
+            ),
+        )
+        suspended = phase == SUSPENDED
+        self._set(
+            "Suspended",
+            (
+                suspended,
+                "SuspendedByUser" if suspended else "NotSuspended",
+                "spec.runPolicy.suspend is true: the gang's pods are deleted" if suspended else "not suspended",
+            ),
+        )
+        succeeded = phase == SUCCEEDED
+        self._set(
+            "Succeeded",
+            (
+                succeeded,
+                "Completed" if succeeded else "NotCompleted",
+                message if succeeded else "training has not completed",
+            ),
+        )
+        self._set(
+            "Failed",
+            (phase == FAILED, failed_reason or "NotFailed", message if phase == FAILED else "no fatal failure"),
+        )
+        self._set("Stalled", stalled or (False, "NotStalled", "the gang is not running"))
+        status = dict(self.base)
+        status.update(
+            phase=phase,
+            message=truncate(message),
+            conditions=self.conditions,
+            observedGeneration=facts.generation,
+            restarts=self.restarts,
+            disruptions=self.disruptions,
+            workers=self.workers,
+            rank0Pod=self.rank0_pod,
+            startTime=self.start_time,
+            completionTime=self.completion_time,
+        )
+        if self.last_failure is not None:
+            status["lastFailure"] = self.last_failure
+        for key in [k for k, v in status.items() if v is None]:
+            del status[key]
+        return Assessment(status, self.action, self.failure)
+
+
+# ----------------------------------------------------------------------------- the derivation
+
+
 def assess(
     facts: RunFacts,
     job: dict[str, Any] | None,
@@ -488,81 +237,6 @@ def assess(
     base = _carry_over(previous)
     prev_phase = base.get("phase")
     generation = facts.generation
-    conditions = base["conditions"]
-    conditions = set_condition(conditions, "SpecValid", True, "Valid", "the spec is valid", now, generation)
-    restarts = _as_int(base.get("restarts"))
-    disruptions = _as_int(base.get("disruptions"))
-    last_failure = base.get("lastFailure") if isinstance(base.get("lastFailure"), dict) else None
-    current_pods = pods_of_job(job, pods)
-    workers = workers_of(current_pods, facts.gpus_per_node)
-    rank0 = next(
-        (p for p in current_pods if completion_index(p) == 0 and not _get(p, "metadata", "deletionTimestamp")), None
-    )
-    action = Action.NONE
-    failure: Failure | None = None
-
-    def finish(phase: str, message: str, running: tuple[bool, str, str], **extra: Any) -> Assessment:
-        nonlocal conditions
-        run_ok, run_reason, run_message = running
-        conditions = set_condition(conditions, "Running", run_ok, run_reason, run_message, now, generation)
-        queued = phase == QUEUED
-        conditions = set_condition(
-            conditions,
-            "Queued",
-            queued,
-            "WaitingForAdmission" if queued else "NotQueued",
-            f"waiting for Kueue queue {facts.queue_name} to admit the job" if queued else "not waiting for admission",
-            now,
-            generation,
-        )
-        suspended = phase == SUSPENDED
-        conditions = set_condition(
-            conditions,
-            "Suspended",
-            suspended,
-            "SuspendedByUser" if suspended else "NotSuspended",
-            "spec.runPolicy.suspend is true: the gang's pods are deleted" if suspended else "not suspended",
-            now,
-            generation,
-        )
-        conditions = set_condition(
-            conditions,
-            "Succeeded",
-            phase == SUCCEEDED,
-            "Completed" if phase == SUCCEEDED else "NotCompleted",
-            message if phase == SUCCEEDED else "training has not completed",
-            now,
-            generation,
-        )
-        failed_reason = extra.pop("failed_reason", None)
-        conditions = set_condition(
-            conditions,
-            "Failed",
-            phase == FAILED,
-            failed_reason or "NotFailed",
-            message if phase == FAILED else "no fatal failure",
-            now,
-            generation,
-        )
-        stalled = extra.pop("stalled", None) or (False, "NotStalled", "the gang is not running")
-        conditions = set_condition(conditions, "Stalled", stalled[0], stalled[1], stalled[2], now, generation)
-        status = dict(base)
-        status.update(
-            phase=phase,
-            message=_truncate(message),
-            conditions=conditions,
-            observedGeneration=generation,
-            restarts=restarts,
-            disruptions=disruptions,
-            workers=workers,
-        )
-        status["rank0Pod"] = _get(rank0, "metadata", "name")
-        if last_failure is not None:
-            status["lastFailure"] = last_failure
-        status.update(extra)
-        for key in [k for k, v in status.items() if v is None]:
-            del status[key]
-        return Assessment(status, action, failure)
 
     # A finished job stays finished: its Job may be garbage-collected or its pods cleaned up.
     # (A job failed for an invalid spec is the exception: fixing the spec revives it.)
@@ -570,137 +244,92 @@ def assess(
     if prev_phase in TERMINAL_PHASES and not spec_was_invalid:
         return Assessment(dict(base, observedGeneration=generation), Action.NONE, None)
 
-    if job is None or _get(job, "metadata", "deletionTimestamp"):
+    current_pods = pods_of_job(job, pods)
+    rank0 = next(
+        (p for p in current_pods if completion_index(p) == 0 and not dig(p, "metadata", "deletionTimestamp")), None
+    )
+    last_failure = base.get("lastFailure")
+    status = _StatusBuilder(
+        facts=facts,
+        now=now,
+        base=base,
+        conditions=set_condition(base["conditions"], "SpecValid", True, "Valid", "the spec is valid", now, generation),
+        restarts=_as_int(base.get("restarts")),
+        disruptions=_as_int(base.get("disruptions")),
+        last_failure=last_failure if isinstance(last_failure, dict) else None,
+        workers=workers_of(current_pods, facts.gpus_per_node),
+        rank0_pod=dig(rank0, "metadata", "name"),
+        start_time=base.get("startTime"),
+        completion_time=base.get("completionTime"),
+    )
+
+    if job is None or dig(job, "metadata", "deletionTimestamp"):
         if job is None:
             if remaining_deadline(facts, base, now) == 0:
                 message = (
                     f"the job ran past runPolicy.activeDeadlineSeconds={facts.active_deadline_seconds} "
                     "before its gang could be recreated"
                 )
-                return finish(
-                    FAILED,
-                    message,
-                    (False, "DeadlineExceeded", message),
-                    failed_reason="DeadlineExceeded",
-                    completionTime=format_time(now),
+                status.completion_time = format_time(now)
+                return status.build(
+                    FAILED, message, (False, "DeadlineExceeded", message), failed_reason="DeadlineExceeded"
                 )
-            action = Action.CREATE_JOB
+            status.action = Action.CREATE_JOB
         if prev_phase == RESTARTING or (job is not None):
-            message = (last_failure or {}).get("message") or "recreating the gang"
-            return finish(
+            message = (status.last_failure or {}).get("message") or "recreating the gang"
+            return status.build(
                 RESTARTING,
                 f"restarting the gang: {message}",
                 (False, "Restarting", "the previous gang is being replaced"),
             )
-        return finish(PENDING, "creating the gang", (False, "Pending", "the batch Job is being created"))
+        return status.build(PENDING, "creating the gang", (False, "Pending", "the batch Job is being created"))
 
     # Propagate the user's suspend; with Kueue only ever towards suspension (Kueue owns resume).
-    job_suspended = _get(job, "spec", "suspend") is True
+    job_suspended = dig(job, "spec", "suspend") is True
     if facts.suspend and not job_suspended:
-        action = Action.SUSPEND_JOB
+        status.action = Action.SUSPEND_JOB
     elif not facts.suspend and job_suspended and not facts.queue_name:
-        action = Action.RESUME_JOB
+        status.action = Action.RESUME_JOB
 
     # When the gang first started: the Job's startTime, or now if its pods exist before the Job
     # controller got round to writing it (a busy controller-manager writes status late).
-    start_time = base.get("startTime")
-    if not start_time and not job_suspended and (_get(job, "status", "startTime") or current_pods):
-        start_time = _get(job, "status", "startTime") or format_time(now)
+    if not status.start_time and not job_suspended and (dig(job, "status", "startTime") or current_pods):
+        status.start_time = dig(job, "status", "startTime") or format_time(now)
 
-    complete = _job_condition(job, "Complete") or _job_condition(job, "SuccessCriteriaMet")
-    if complete and _job_condition(job, "Complete"):
-        completion = _get(job, "status", "completionTime") or complete.get("lastTransitionTime") or format_time(now)
-        return finish(
-            SUCCEEDED,
-            "training completed",
-            (False, "Completed", "all workers completed"),
-            startTime=start_time,
-            completionTime=completion,
+    complete = job_condition(job, "Complete") or job_condition(job, "SuccessCriteriaMet")
+    if complete and job_condition(job, "Complete"):
+        status.completion_time = (
+            dig(job, "status", "completionTime") or complete.get("lastTransitionTime") or format_time(now)
         )
+        return status.build(SUCCEEDED, "training completed", (False, "Completed", "all workers completed"))
 
     failure = classify_failure(job, current_pods)
     if failure is not None:
-        job_uid = _get(job, "metadata", "uid")
-        already = last_failure is not None and last_failure.get("jobUid") == job_uid
-        if not already:
-            last_failure = {
-                "reason": failure.reason,
-                "message": failure.message,
-                "counted": failure.counted,
-                "jobUid": job_uid,
-                "time": format_time(now),
-            }
-            if failure.pod:
-                last_failure["pod"] = failure.pod
-            if failure.exit_code is not None:
-                last_failure["exitCode"] = failure.exit_code
-        if not failure.retryable:
-            action = Action.NONE
-            return finish(
-                FAILED,
-                failure.message,
-                (False, failure.reason, failure.message),
-                failed_reason=failure.reason,
-                startTime=start_time,
-                completionTime=format_time(now),
-            )
-        if not already:
-            if failure.counted and restarts >= facts.max_restarts:
-                action = Action.NONE
-                message = (
-                    f"the gang failed {restarts + 1} time(s), more than runPolicy.maxRestarts="
-                    f"{facts.max_restarts}; last failure {failure.reason}: {failure.message}"
-                )
-                return finish(
-                    FAILED,
-                    message,
-                    (False, failure.reason, failure.message),
-                    failed_reason="MaxRestartsExceeded",
-                    startTime=start_time,
-                    completionTime=format_time(now),
-                )
-            if failure.counted:
-                restarts += 1
-            else:
-                disruptions += 1
-        action = Action.RESTART_GANG
-        counted = "" if failure.counted else " (not counted against maxRestarts)"
-        return finish(
-            RESTARTING,
-            f"restarting the gang after {failure.reason}{counted}: {failure.message}",
-            (False, failure.reason, failure.message),
-            startTime=start_time,
-        )
+        return _after_failure(status, job, failure)
 
     if job_suspended:
         if facts.suspend:
-            return finish(
-                SUSPENDED,
-                "suspended by spec.runPolicy.suspend",
-                (False, "Suspended", "the job is suspended"),
-                startTime=start_time,
+            return status.build(
+                SUSPENDED, "suspended by spec.runPolicy.suspend", (False, "Suspended", "the job is suspended")
             )
         if facts.queue_name:
-            return finish(
+            return status.build(
                 QUEUED,
                 f"waiting for Kueue queue {facts.queue_name} to admit the job",
                 (False, "Queued", "waiting for admission"),
-                startTime=start_time,
             )
-        return finish(
-            PENDING, "resuming the job", (False, "Resuming", "the batch Job is being resumed"), startTime=start_time
-        )
+        return status.build(PENDING, "resuming the job", (False, "Resuming", "the batch Job is being resumed"))
 
-    running = [p for p in current_pods if _is_fully_running(p)]
-    finished = [p for p in current_pods if _get(p, "status", "phase") == "Succeeded"]
+    running = [p for p in current_pods if is_fully_running(p)]
+    finished = [p for p in current_pods if dig(p, "status", "phase") == "Succeeded"]
     if finished and len(running) + len(finished) >= facts.nodes:
         # Ranks exit one by one at the end; until the Job says Complete the gang is finishing.
         message = f"{len(finished)}/{facts.nodes} workers completed" + (
             "; the Job is completing" if len(finished) >= facts.nodes else "; the others are finishing"
         )
-        return finish(RUNNING, message, (True, "Finishing", message), startTime=start_time)
+        return status.build(RUNNING, message, (True, "Finishing", message))
     if len(running) >= facts.nodes:
-        running_since = condition_of({"conditions": conditions}, "Running")
+        running_since = condition_of({"conditions": status.conditions}, "Running")
         since = (
             parse_time(running_since.get("lastTransitionTime"))
             if (running_since and running_since.get("status") == "True")
@@ -710,19 +339,69 @@ def assess(
         message = f"{len(running)}/{facts.nodes} workers running"
         if stalled[0]:
             message = f"{message}; {stalled[2]}"
-        return finish(
+        return status.build(
             RUNNING,
             message,
             (True, "AllWorkersRunning", f"{len(running)}/{facts.nodes} workers running"),
             stalled=stalled,
-            startTime=start_time,
         )
 
-    waiting = [p for p in current_pods if p not in running and _get(p, "status", "phase") != "Succeeded"]
-    reason, message = _waiting_reason(waiting, facts.nodes, len(running))
+    waiting = [p for p in current_pods if p not in running and dig(p, "status", "phase") != "Succeeded"]
+    reason, message = waiting_reason(waiting, facts.nodes, len(running))
     if not current_pods:
         reason, message = "WaitingForPods", f"0/{facts.nodes} workers created"
-    return finish(STARTING, message, (False, reason, message), startTime=start_time)
+    return status.build(STARTING, message, (False, reason, message))
+
+
+def _after_failure(status: _StatusBuilder, job: dict[str, Any], failure: Failure) -> Assessment:
+    """Failed for good (not retryable, or past maxRestarts), or restarting the gang; a failure of
+    a Job uid already recorded is never counted twice."""
+    facts = status.facts
+    status.failure = failure
+    job_uid = dig(job, "metadata", "uid")
+    last_failure = status.last_failure
+    already = last_failure is not None and last_failure.get("jobUid") == job_uid
+    if not already:
+        record: dict[str, Any] = {
+            "reason": failure.reason,
+            "message": failure.message,
+            "counted": failure.counted,
+            "jobUid": job_uid,
+            "time": format_time(status.now),
+        }
+        if failure.pod:
+            record["pod"] = failure.pod
+        if failure.exit_code is not None:
+            record["exitCode"] = failure.exit_code
+        status.last_failure = record
+    if not failure.retryable:
+        status.action = Action.NONE
+        status.completion_time = format_time(status.now)
+        return status.build(
+            FAILED, failure.message, (False, failure.reason, failure.message), failed_reason=failure.reason
+        )
+    if not already:
+        if failure.counted and status.restarts >= facts.max_restarts:
+            status.action = Action.NONE
+            message = (
+                f"the gang failed {status.restarts + 1} time(s), more than runPolicy.maxRestarts="
+                f"{facts.max_restarts}; last failure {failure.reason}: {failure.message}"
+            )
+            status.completion_time = format_time(status.now)
+            return status.build(
+                FAILED, message, (False, failure.reason, failure.message), failed_reason="MaxRestartsExceeded"
+            )
+        if failure.counted:
+            status.restarts += 1
+        else:
+            status.disruptions += 1
+    status.action = Action.RESTART_GANG
+    counted = "" if failure.counted else " (not counted against maxRestarts)"
+    return status.build(
+        RESTARTING,
+        f"restarting the gang after {failure.reason}{counted}: {failure.message}",
+        (False, failure.reason, failure.message),
+    )
 
 
 def _stall(
@@ -730,12 +409,12 @@ def _stall(
 ) -> tuple[bool, str, str]:
     if not facts.stall_timeout_seconds:
         return False, "NotStalled", "stall detection is off (runPolicy.stallTimeoutSeconds unset)"
-    last = parse_time(_get(progress, "lastUpdateTime"))
+    last = parse_time(dig(progress, "lastUpdateTime"))
     # A trainer that never reported counts from when the gang started running.
     reference = max(last, running_since) if last else running_since
     idle = (now - reference).total_seconds()
     if idle >= facts.stall_timeout_seconds:
-        step = _get(progress, "step")
+        step = dig(progress, "step")
         at = f" at step {step}" if step is not None else ""
         return (
             True,
