@@ -7,6 +7,7 @@ through a whole job proves the rules are enough.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -112,6 +113,61 @@ def test_cluster_wide_identity_can_do_its_work(cluster_wide, kube_cluster, names
         assert can_i(kube_cluster, sa, *args), f"the operator cannot {' '.join(args)}"
     # Serving all namespaces, kopf never lists them, so the identity may not.
     assert not can_i(kube_cluster, sa, "list", "namespaces")
+
+
+def _wait_for_can_i(kube_cluster, expected: bool, *args: str, timeout: float = 60) -> None:
+    """Aggregation is asynchronous (the controller-manager's clusterrole-aggregation controller
+    copies the rules into edit/view), so wait for the answer to settle."""
+    deadline = time.monotonic() + timeout
+    while can_i(kube_cluster, kube_cluster.kubeconfig, *args) != expected:
+        assert time.monotonic() < deadline, f"`kubectl auth can-i {' '.join(args)}` never became {expected}"
+        time.sleep(0.3)
+
+
+JOBS = "colocgrpojobs.colocgrpo.io"
+
+
+def test_namespace_editors_and_viewers_get_job_rights_through_the_default_roles(
+    helm, kube_cluster, namespace, other_namespace, release_name
+):
+    """The chart's editor/viewer ClusterRoles aggregate into the apiserver's bootstrap `edit`, `admin` and
+    `view` roles: a user bound to one of them in a namespace may use jobs there, and only there."""
+    for user, role in (("alice", "edit"), ("bob", "view"), ("carol", "admin")):
+        kube_cluster.kubectl(
+            "-n", namespace, "create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}"
+        )
+    chart = InstalledChart(helm, kube_cluster, release_name, namespace).install()
+    try:
+        _wait_for_can_i(kube_cluster, True, "create", JOBS, "-n", namespace, "--as=alice")
+        _wait_for_can_i(kube_cluster, True, "list", JOBS, "-n", namespace, "--as=bob")
+        _wait_for_can_i(kube_cluster, True, "create", JOBS, "-n", namespace, "--as=carol")
+        # The aggregation controller wrote the chart's rules into the bootstrap roles themselves.
+        edit = json.loads(kube_cluster.kubectl("get", "clusterrole", "edit", "-o", "json").stdout)
+        assert any("colocgrpojobs" in rule.get("resources", []) for rule in edit["rules"])
+        for verb in ("create", "get", "list", "watch", "patch", "update", "delete", "deletecollection"):
+            assert can_i(kube_cluster, kube_cluster.kubeconfig, verb, JOBS, "-n", namespace, "--as=alice"), verb
+            assert can_i(kube_cluster, kube_cluster.kubeconfig, verb, JOBS, "-n", namespace, "--as=carol"), verb
+        for verb in ("get", "list", "watch"):
+            assert can_i(kube_cluster, kube_cluster.kubeconfig, verb, JOBS, "-n", namespace, "--as=bob"), verb
+        denied = [
+            ("create", JOBS, "-n", namespace, "--as=bob"),
+            ("patch", JOBS, "-n", namespace, "--as=bob"),
+            ("delete", JOBS, "-n", namespace, "--as=bob"),
+            # Status is the operator's and the trainer's, not the users'.
+            ("patch", JOBS, "--subresource=status", "-n", namespace, "--as=alice"),
+            ("update", JOBS, "--subresource=status", "-n", namespace, "--as=carol"),
+            # A RoleBinding grants nothing outside its namespace.
+            ("get", JOBS, "-n", other_namespace, "--as=alice"),
+            ("list", JOBS, "-n", other_namespace, "--as=bob"),
+            ("list", JOBS, "--all-namespaces", "--as=alice"),
+        ]
+        allowed = [" ".join(args) for args in denied if can_i(kube_cluster, kube_cluster.kubeconfig, *args)]
+        assert not allowed, f"users may: {allowed}"
+    finally:
+        chart.uninstall()
+    # Uninstalling the chart takes the rights away again.
+    _wait_for_can_i(kube_cluster, False, "create", JOBS, "-n", namespace, "--as=alice")
+    _wait_for_can_i(kube_cluster, False, "get", JOBS, "-n", namespace, "--as=bob")
 
 
 # What the operator must never be able to do, in either mode.

@@ -32,6 +32,8 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
     objects = render_chart()
     assert sorted(o["kind"] for o in objects) == [
         "ClusterRole",
+        "ClusterRole",
+        "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
         "Service",
@@ -149,6 +151,14 @@ def test_values_reach_the_command_line_and_pod(render_chart):
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
 
 
+OPERATOR_ROLE = "cgo-colocgrpo-operator"
+
+
+def _operator_cluster_role(objects):
+    (role,) = [o for o in by_kind(objects, "ClusterRole") if o["metadata"]["name"] == OPERATOR_ROLE]
+    return role
+
+
 def _rules(role):
     return {
         (group, resource): set(rule["verbs"])
@@ -179,7 +189,7 @@ NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
 
 def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
     objects = render_chart()
-    role = one(objects, "ClusterRole")
+    role = _operator_cluster_role(objects)
     assert _rules(role) == {**NAMESPACED_RULES, **CRD_DISCOVERY}
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {
@@ -213,7 +223,7 @@ def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
     assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in container["args"]
     # Cluster scope keeps only the reads kopf needs: CRD discovery, and following the named namespaces.
-    assert _rules(one(objects, "ClusterRole")) == {**CRD_DISCOVERY, **NAMESPACE_OBSERVATION}
+    assert _rules(_operator_cluster_role(objects)) == {**CRD_DISCOVERY, **NAMESPACE_OBSERVATION}
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
@@ -228,9 +238,50 @@ def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
 
 
 def test_rbac_off_renders_no_rbac(render_chart):
-    objects = render_chart("--set", "rbac.create=false", "--set", "watchNamespaces={a}")
+    objects = render_chart(
+        "--set", "rbac.create=false", "--set", "rbac.userRoles=false", "--set", "watchNamespaces={a}"
+    )
     assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & {o["kind"] for o in objects}
     assert one(objects, "ServiceAccount")
+
+
+def test_rbac_off_keeps_the_user_roles(render_chart):
+    objects = render_chart("--set", "rbac.create=false")
+    names = sorted(o["metadata"]["name"] for o in by_kind(objects, "ClusterRole"))
+    assert names == [f"{OPERATOR_ROLE}-editor", f"{OPERATOR_ROLE}-viewer"]
+    assert not by_kind(objects, "ClusterRoleBinding")
+
+
+def test_user_roles_aggregate_into_edit_and_view(render_chart):
+    roles = {o["metadata"]["name"]: o for o in by_kind(render_chart(), "ClusterRole")}
+    editor, viewer = roles[f"{OPERATOR_ROLE}-editor"], roles[f"{OPERATOR_ROLE}-viewer"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k: v for k, v in editor["metadata"]["labels"].items() if k.startswith(aggregate)} == {
+        f"{aggregate}edit": "true"
+    }
+    assert {k: v for k, v in viewer["metadata"]["labels"].items() if k.startswith(aggregate)} == {
+        f"{aggregate}view": "true"
+    }
+    assert _rules(editor) == {
+        ("colocgrpo.io", "colocgrpojobs"): {
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        },
+        # Status belongs to the operator and the job's trainer: users only read it.
+        ("colocgrpo.io", "colocgrpojobs/status"): {"get"},
+    }
+    assert _rules(viewer) == {
+        ("colocgrpo.io", "colocgrpojobs"): {"get", "list", "watch"},
+        ("colocgrpo.io", "colocgrpojobs/status"): {"get", "list", "watch"},
+    }
+    without = render_chart("--set", "rbac.userRoles=false")
+    assert [o["metadata"]["name"] for o in by_kind(without, "ClusterRole")] == [OPERATOR_ROLE]
 
 
 def test_existing_service_account(render_chart, helm):
