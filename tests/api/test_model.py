@@ -238,3 +238,32 @@ def test_builtin_rewards_match_the_trainer():
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILTIN_REWARDS" for t in node.targets)
     )
     assert {key.value for key in registry.keys} == set(BUILTIN_REWARDS)
+
+
+def test_pod_security_defaults_to_restricted_as_the_image_user():
+    security = parse_job(minimal_job()).spec.pod_template.pod_security
+    assert (security.level, security.run_as_user, security.run_as_group) == ("restricted", 1000, 1000)
+    found = problems_of(minimal_job(podTemplate={"podSecurity": {"level": "privileged", "runAsUser": 0}}))
+    assert "spec.podTemplate.podSecurity.level" in found
+    assert "spec.podTemplate.podSecurity.runAsUser" in found  # root is what the baseline level is for
+
+
+def test_user_volumes_may_not_collide_with_the_operators():
+    found = problems_of(
+        minimal_job(
+            checkpoint={"path": "/ckpt"},
+            podTemplate={
+                "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "data", "emptyDir": {}}],
+                "volumeMounts": [
+                    {"name": "data", "mountPath": "/tmp"},
+                    {"name": "data", "mountPath": "/ckpt/"},
+                    {"name": "data", "mountPath": "/tmp/data"},  # inside ours is fine
+                ],
+            },
+        )
+    )
+    assert "is a volume the operator adds" in found["spec.podTemplate.volumes[0].name"]
+    assert "spec.podTemplate.volumes[1].name" not in found
+    assert "scratch space" in found["spec.podTemplate.volumeMounts[0].mountPath"]
+    assert "spec.checkpoint.path" in found["spec.podTemplate.volumeMounts[1].mountPath"]
+    assert "spec.podTemplate.volumeMounts[2].mountPath" not in found

@@ -330,3 +330,39 @@ def test_render_trainer_config_maps_every_typed_section():
     assert config.vllm.tensor_parallel_size == 4 and config.vllm.enabled
     assert [r.function for r in config.rewards] == ["accuracy", "format"]
     assert config.grpo == job.spec.trainer_args
+
+
+def test_trainer_pods_meet_the_restricted_level_by_default(seed):
+    spec = pod_spec(seed)
+    assert spec["securityContext"] == {
+        "fsGroup": 1000,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert trainer(seed)["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # /tmp is a volume, writable whatever uid the pod runs as and whatever the image's /tmp is.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in trainer(seed)["volumeMounts"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}} and mounts["tmp"] == "/tmp"
+
+
+def test_pod_security_opt_out_and_own_user():
+    baseline = children_by_kind(
+        load_example("seed-qwen14b-tp4.yaml", podTemplate={"podSecurity": {"level": "baseline"}})
+    )
+    assert pod_spec(baseline)["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+    assert "securityContext" not in trainer(baseline)
+    own = children_by_kind(
+        load_example("seed-qwen14b-tp4.yaml", podTemplate={"podSecurity": {"runAsUser": 4242, "runAsGroup": 42}})
+    )
+    security = pod_spec(own)["securityContext"]
+    assert (security["runAsUser"], security["runAsGroup"], security["fsGroup"]) == (4242, 42, 42)
+    assert trainer(own)["securityContext"]["capabilities"] == {"drop": ["ALL"]}

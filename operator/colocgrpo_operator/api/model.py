@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from colocgrpo_operator.api.naming import TRAINER_GID, TRAINER_UID
 from colocgrpo_training.config import SleepPolicy
 
 # ----------------------------------------------------------------------------- building blocks
@@ -289,6 +290,30 @@ def _named_object_schema(description: str, required: list[str]) -> Any:
     )
 
 
+class PodSecuritySpec(_Spec):
+    """How locked down the trainer pods are (Pod Security Standards levels)."""
+
+    level: Literal["restricted", "baseline"] = Field(
+        default="restricted",
+        description=(
+            "restricted: run as runAsUser/runAsGroup (never root) with no privilege escalation, every capability "
+            "dropped and the RuntimeDefault seccomp profile, as the Pod Security Standards' restricted level "
+            "requires. baseline: set none of that, so the image's own USER applies (root included), for a custom "
+            "image that needs root; the namespace must then admit the baseline level."
+        ),
+    )
+    run_as_user: int = Field(
+        default=TRAINER_UID,
+        ge=1,
+        description="uid the trainer runs as at the restricted level (the trainer image's USER).",
+    )
+    run_as_group: int = Field(
+        default=TRAINER_GID,
+        ge=0,
+        description="gid the trainer runs as at the restricted level; also the pods' fsGroup at both levels.",
+    )
+
+
 class PodTemplateSpec(_Spec):
     """Additions to every trainer pod (they extend, never replace, what the operator sets)."""
 
@@ -308,6 +333,10 @@ class PodTemplateSpec(_Spec):
     annotations: StringMap = Field(default_factory=dict, description="Extra pod annotations.")
     image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=MAX_LIST_ITEMS)] = Field(
         default_factory=list, description="Pod imagePullSecrets."
+    )
+    pod_security: PodSecuritySpec = Field(
+        default_factory=PodSecuritySpec,
+        description="Security context of the trainer pods: restricted (the default) or baseline for root images.",
     )
 
 

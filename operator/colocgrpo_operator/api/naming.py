@@ -44,10 +44,19 @@ EVENT_NAME_PREFIX = "colocgrpo-"
 MAX_JOB_NAME_LENGTH = 52
 DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
+# The trainer image's user (images/trainer/Dockerfile `USER 1000:1000`, Ubuntu's `ubuntu`): the pods run as it by
+# default, and volumes are made group-writable for its group (fsGroup). A test checks the Dockerfile agrees.
+TRAINER_UID = 1000
+TRAINER_GID = 1000
+
 # Where the trainer finds its files inside every pod.
 CONFIG_MOUNT_DIR = "/etc/colocgrpo"
 # Not under CONFIG_MOUNT_DIR: a ConfigMap volume is read-only, so nothing can be mounted inside it.
 REWARD_MODULES_DIR = "/etc/colocgrpo-rewards"
+SHM_DIR = "/dev/shm"
+TMP_DIR = "/tmp"
+# The volumes every trainer pod gets, by name (a user's spec.podTemplate.volumes may not reuse these names).
+OPERATOR_VOLUMES = ("config", "dshm", "checkpoints", "cache", "tmp", "reward-modules")
 GRPO_CONFIG_KEY = "grpo.yaml"
 ACCELERATE_CONFIG_KEY = "accelerate.yaml"
 DEEPSPEED_CONFIG_KEY = "deepspeed.json"

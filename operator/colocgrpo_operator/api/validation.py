@@ -22,9 +22,14 @@ from colocgrpo_operator.api.model import (
 )
 from colocgrpo_operator.api.naming import (
     API_VERSION,
+    CONFIG_MOUNT_DIR,
     DNS_1035_LABEL_PATTERN,
     KIND,
     MAX_JOB_NAME_LENGTH,
+    OPERATOR_VOLUMES,
+    REWARD_MODULES_DIR,
+    SHM_DIR,
+    TMP_DIR,
 )
 from colocgrpo_operator.api.trainer_args import trainer_args_problems
 
@@ -139,9 +144,44 @@ def _parallelism_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     return problems
 
 
+def _pod_template_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    """User volumes and mounts must not collide with the ones the operator puts in every pod (the
+    API server would refuse the whole Job, far from the field that caused it)."""
+    problems: list[tuple[str, str]] = []
+    for index, volume in enumerate(spec.pod_template.volumes):
+        if volume.name in OPERATOR_VOLUMES:
+            problems.append(
+                (
+                    f"spec.podTemplate.volumes[{index}].name",
+                    f"{volume.name!r} is a volume the operator adds to every pod "
+                    f"({', '.join(OPERATOR_VOLUMES)}); pick another name",
+                )
+            )
+    ours = {
+        CONFIG_MOUNT_DIR: "the job's ConfigMap",
+        SHM_DIR: "shared memory",
+        spec.checkpoint.path.rstrip("/") or "/": "spec.checkpoint.path",
+        spec.cache.path.rstrip("/") or "/": "spec.cache.path",
+        TMP_DIR: "scratch space",
+    }
+    if spec.reward_modules:
+        ours[REWARD_MODULES_DIR] = "spec.rewardModules"
+    for index, mount in enumerate(spec.pod_template.volume_mounts):
+        path = mount.mount_path.rstrip("/") or "/"
+        if path in ours:
+            problems.append(
+                (
+                    f"spec.podTemplate.volumeMounts[{index}].mountPath",
+                    f"{mount.mount_path} is already mounted by the operator ({ours[path]}); mount elsewhere",
+                )
+            )
+    return problems
+
+
 def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     """Rules that involve more than one field (the schema checks single fields)."""
     problems = _parallelism_problems(spec)
+    problems.extend(_pod_template_problems(spec))
     if spec.deepspeed.offload_params == "cpu" and spec.deepspeed.zero_stage != 3:
         problems.append(("spec.deepspeed.offloadParams", "parameter offload needs spec.deepspeed.zeroStage 3"))
     for index, reward in enumerate(spec.rewards):

@@ -21,6 +21,8 @@ from colocgrpo_operator.api.naming import (
     OPERATOR_NAME,
     RENDEZVOUS_PORT,
     REWARD_MODULES_DIR,
+    SHM_DIR,
+    TMP_DIR,
     TRAINER_APP_NAME,
     batch_job_name,
     config_map_name,
@@ -171,12 +173,15 @@ def _volumes_and_mounts(job: ColocGRPOJob) -> tuple[list[dict[str, Any]], list[d
         {"name": "dshm", "emptyDir": shm},
         {"name": "checkpoints", **claim_or_scratch(spec.checkpoint.claim_name)},
         {"name": "cache", **claim_or_scratch(spec.cache.claim_name)},
+        # Scratch space writable for whatever uid the pod runs as, whatever the image's /tmp is.
+        {"name": "tmp", "emptyDir": {}},
     ]
     mounts = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "dshm", "mountPath": SHM_DIR},
         {"name": "checkpoints", "mountPath": spec.checkpoint.path},
         {"name": "cache", "mountPath": spec.cache.path},
+        {"name": "tmp", "mountPath": TMP_DIR},
     ]
     if spec.reward_modules:
         volumes.append({"name": "reward-modules", "configMap": {"name": spec.reward_modules.config_map_name}})
@@ -186,7 +191,31 @@ def _volumes_and_mounts(job: ColocGRPOJob) -> tuple[list[dict[str, Any]], list[d
     return volumes, mounts
 
 
-TRAINER_GID = 1000
+def _security_contexts(job: ColocGRPOJob) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(pod securityContext, container securityContext or None) for the job's podSecurity level.
+
+    restricted meets the Pod Security Standards' restricted level (runAsNonRoot, a non-zero uid, no privilege
+    escalation, all capabilities dropped, RuntimeDefault seccomp). Both levels set fsGroup, so mounted volumes
+    (checkpoint PVC, cache) are group-writable for the trainer; OnRootMismatch skips the recursive chown of a big
+    cache volume whose root already has the right group.
+    """
+    security = job.spec.pod_template.pod_security
+    pod: dict[str, Any] = {"fsGroup": security.run_as_group, "fsGroupChangePolicy": "OnRootMismatch"}
+    if security.level == "baseline":
+        return pod, None
+    pod.update(
+        runAsNonRoot=True,
+        runAsUser=security.run_as_user,
+        runAsGroup=security.run_as_group,
+        seccompProfile={"type": "RuntimeDefault"},
+    )
+    container = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    return pod, container
 
 
 def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
@@ -203,6 +232,9 @@ def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
         # The trainer writes a JSON reason there; if it died too hard to write it, the log tail explains.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    pod_security, container_security = _security_contexts(job)
+    if container_security is not None:
+        container["securityContext"] = container_security
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
     resources = _resources(job)
@@ -218,9 +250,7 @@ def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
         # The trainer's rank 0 patches status.progress with this account's token.
         "automountServiceAccountToken": True,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        # The trainer image runs as uid/gid 1000 (images/trainer/Dockerfile): make mounted
-        # volumes (checkpoint PVC, caches) group-writable for it without forcing a uid on custom images.
-        "securityContext": {"fsGroup": TRAINER_GID, "fsGroupChangePolicy": "OnRootMismatch"},
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": volumes,
     }
