@@ -125,6 +125,22 @@ def test_operator_command_line_defaults(render_chart):
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "cgo-colocgrpo-operator"
 
 
+def test_the_operator_accepts_the_rendered_command_line(render_chart):
+    # The chart's args are parsed by the operator's own command line, defaults and namespaced.
+    from colocgrpo_operator.cli import build_parser
+    from colocgrpo_operator.cli.operator import config_from_args
+
+    def config(*values: str):
+        _, container = _operator_container(render_chart(*values))
+        return config_from_args(build_parser().parse_args(container["command"][1:] + container["args"]))
+
+    defaults = config()
+    assert defaults.clusterwide and defaults.trainer_image == "colocgrpo/trainer:0.1.0"
+    assert (defaults.metrics_port, defaults.liveness_port, defaults.log_level) == (9090, 8080, "INFO")
+    namespaced = config("--set", "watchNamespaces={team-a,team-b}", "--set", "metrics.enabled=false")
+    assert namespaced.namespaces == ("team-a", "team-b") and namespaced.metrics_port == 0
+
+
 def test_values_reach_the_command_line_and_pod(render_chart):
     deployment, container = _operator_container(
         render_chart(

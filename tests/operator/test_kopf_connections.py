@@ -3,27 +3,29 @@
 
 from __future__ import annotations
 
-from colocgrpo_operator.controller.settings import (
-    ENV_KOPF_CONNECTIONS,
-    ENV_WATCHED_NAMESPACES,
-    kopf_connection_limit,
-)
+from typing import Any
+
+from colocgrpo_operator.controller.config import OperatorConfig
+
+
+def kopf_connection_limit(**settings: Any) -> int:
+    return OperatorConfig(**settings).kopf_connection_limit()
 
 
 def test_cluster_wide_gets_the_pool_plus_one_set_of_watches() -> None:
-    assert kopf_connection_limit({}) == 8 + 2 + 4
-    assert kopf_connection_limit({ENV_WATCHED_NAMESPACES: ""}) == 14
+    assert kopf_connection_limit() == 8 + 2 + 4
+    assert kopf_connection_limit(namespaces=()) == 14
 
 
 def test_each_named_namespace_adds_room_for_its_watches() -> None:
-    one = kopf_connection_limit({ENV_WATCHED_NAMESPACES: "a"})
-    three = kopf_connection_limit({ENV_WATCHED_NAMESPACES: "a,b,c"})
+    one = kopf_connection_limit(namespaces=("a",))
+    three = kopf_connection_limit(namespaces=("a", "b", "c"))
     assert three - one == 2 * 4
     assert three - 8 - 2 >= 3 * 3  # at least the three watched resources per namespace
 
 
 def test_globs_and_a_zero_pool_mean_unbounded() -> None:
-    assert kopf_connection_limit({ENV_WATCHED_NAMESPACES: "team-*"}) == 0
-    assert kopf_connection_limit({ENV_WATCHED_NAMESPACES: "a,!kube-system"}) == 0
-    assert kopf_connection_limit({ENV_KOPF_CONNECTIONS: "0"}) == 0
-    assert kopf_connection_limit({ENV_KOPF_CONNECTIONS: "16", ENV_WATCHED_NAMESPACES: "a"}) == 16 + 2 + 4
+    assert kopf_connection_limit(namespaces=("team-*",)) == 0
+    assert kopf_connection_limit(namespaces=("a", "!kube-system")) == 0
+    assert kopf_connection_limit(kopf_connections=0) == 0
+    assert kopf_connection_limit(kopf_connections=16, namespaces=("a",)) == 16 + 2 + 4

@@ -159,7 +159,7 @@ def test_in_cluster_credentials_against_the_real_api_server(kube_cluster, namesp
 
     import kopf
 
-    from colocgrpo_operator.controller.settings import login
+    from colocgrpo_operator.controller.startup import login
 
     server = urlparse(kubeconfig_credentials(str(kube_cluster.kubeconfig)).server)
     account = tmp_path / "serviceaccount"
@@ -192,7 +192,7 @@ def test_in_cluster_credentials_against_the_real_api_server(kube_cluster, namesp
     assert api.request("POST", whoami, body=review)["status"]["userInfo"]["username"] == expected
 
     async def kopf_session_whoami() -> str:
-        session = await login(settings=kopf.OperatorSettings())
+        session = await login(settings=kopf.OperatorSettings(), memo=kopf.Memo())
         assert session.server == f"https://{server.hostname}:{server.port}"
         assert session.default_namespace == namespace
         async with session.aiohttp_session as http, http.post(session.server + whoami, json=review) as response:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
+
+from colocgrpo_operator.controller.config import LOG_LEVELS, ConfigError, OperatorConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `colocgrpo operator`: one flag per `OperatorConfig` field, defaults from the class."""
+    defaults = OperatorConfig()
     parser = subparsers.add_parser(
         "operator",
         help="run the ColocGRPOJob operator (all namespaces unless --namespace is given)",
-        description="Reconcile ColocGRPOJobs into gangs of pods and report their status.",
+        description="Reconcile ColocGRPOJobs into gangs of pods and report their status. "
+        "A bad value of any flag exits 2 before the operator starts, naming the flag.",
     )
     parser.add_argument(
         "--namespace",
@@ -28,18 +32,72 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="watch every namespace (the default without --namespace; explicit for charts)",
     )
-    parser.add_argument("--trainer-image", default=None, help="trainer image for jobs without spec.image")
-    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0: off)")
-    parser.add_argument("--liveness-port", type=int, default=8080, help="liveness probe port, path /healthz (0: off)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or $KUBECONFIG)")
+    parser.add_argument(
+        "--trainer-image",
+        default=defaults.trainer_image,
+        metavar="IMAGE",
+        help="trainer image for jobs without spec.image (empty or unset: colocgrpo/trainer:<version>)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=defaults.metrics_port,
+        metavar="PORT",
+        help="Prometheus /metrics port (0: off; default %(default)s)",
+    )
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=defaults.liveness_port,
+        metavar="PORT",
+        help="liveness probe port, path /healthz (0: off; default %(default)s)",
+    )
+    parser.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS, help="default %(default)s")
+    parser.add_argument(
+        "--kubeconfig",
+        default=defaults.kubeconfig,
+        metavar="FILE",
+        help="kubeconfig file (default: in-cluster or $KUBECONFIG)",
+    )
     parser.add_argument(
         "--recheck-seconds",
         type=float,
-        default=None,
-        help="how often active jobs are re-checked (stall detection granularity; default 10)",
+        default=defaults.recheck_seconds,
+        metavar="SECONDS",
+        help="how often every active job is re-checked, in seconds (stall detection granularity; default %(default)s)",
+    )
+    parser.add_argument(
+        "--api-threads",
+        type=int,
+        default=defaults.api_threads,
+        metavar="N",
+        help="threads (and connections) for the operator's own API calls (default %(default)s)",
+    )
+    parser.add_argument(
+        "--kopf-connections",
+        type=int,
+        default=defaults.kopf_connections,
+        metavar="N",
+        help="kopf's HTTP connections besides its watch streams (0: unbounded; default %(default)s)",
     )
     parser.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    """The `OperatorConfig` the parsed flags describe; raises ConfigError naming a bad flag."""
+    if args.all_namespaces and args.namespace:
+        raise ConfigError("--all-namespaces", "cannot be combined with --namespace")
+    return OperatorConfig(
+        namespaces=tuple(args.namespace),
+        trainer_image=args.trainer_image,
+        metrics_port=args.metrics_port,
+        liveness_port=args.liveness_port,
+        recheck_seconds=args.recheck_seconds,
+        api_threads=args.api_threads,
+        kopf_connections=args.kopf_connections,
+        kubeconfig=args.kubeconfig,
+        log_level=args.log_level,
+    )
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:
@@ -66,7 +124,7 @@ def keep_out_unused_clients() -> None:
 
     kopf imports `kubernetes` whenever it is installed, only to recognise its model classes and to
     offer it as a fallback login; the operator uses neither (controller/kube.py and the login
-    handler in controller/settings.py speak HTTP themselves). The import alone is ~11 MiB of RSS.
+    handler in controller/startup.py speak HTTP themselves). The import alone is ~11 MiB of RSS.
     A None entry in sys.modules makes `import kubernetes` raise ImportError, which kopf handles;
     any other code in this process that tried to use the client would fail loudly in the
     operator tests instead of quietly costing memory. No-op for a package already imported.
@@ -76,47 +134,38 @@ def keep_out_unused_clients() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     limit_malloc_arenas()
     keep_out_unused_clients()
-    from colocgrpo_operator.controller import settings as operator_settings
-
-    if args.all_namespaces and args.namespace:
-        print("error: --all-namespaces and --namespace exclude each other", file=sys.stderr)
-        return 2
-
-    # The startup handler reads its configuration from the environment, so the same handlers
-    # serve `colocgrpo operator`, `kopf run -m colocgrpo_operator.controller.handlers` and tests.
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
-    if args.trainer_image:
-        os.environ[operator_settings.ENV_TRAINER_IMAGE] = args.trainer_image
-    os.environ[operator_settings.ENV_METRICS_PORT] = str(args.metrics_port)
-    os.environ[operator_settings.ENV_WATCHED_NAMESPACES] = ",".join(args.namespace)
-    if args.recheck_seconds:
-        os.environ[operator_settings.ENV_ACTIVE_INTERVAL] = str(args.recheck_seconds)
-
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
-    )
-    # aiohttp and urllib3 log every request at DEBUG; keep ours readable.
-    for noisy in ("aiohttp", "urllib3"):
-        logging.getLogger(noisy).setLevel(max(logging.INFO, getattr(logging, args.log_level)))
-    # kopf logs every handler and timer success at INFO ("Handler ... succeeded"): with child
-    # events and re-checks that is several lines per job per second. Our own reconciler logs
-    # each phase transition (logger colocgrpo.operator); kopf's per-object chatter only at DEBUG.
-    if args.log_level != "DEBUG":
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    configure_logging(config.log_level)
 
     import kopf
 
     from colocgrpo_operator.controller import handlers  # noqa: F401  (registers the handlers)
 
-    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
     kopf.run(
         standalone=True,  # one replica (the chart's Deployment uses the Recreate strategy)
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
+        clusterwide=config.clusterwide,
+        namespaces=list(config.namespaces),
         liveness_endpoint=liveness,
+        memo=kopf.Memo(config=config),  # read by the startup and login handlers (controller/startup.py)
     )
     return 0
+
+
+def configure_logging(level: str) -> None:
+    """Our log format at `level`; HTTP libraries and kopf's per-object lines kept quieter."""
+    logging.basicConfig(level=getattr(logging, level), format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    # aiohttp and urllib3 log every request at DEBUG; keep ours readable.
+    for noisy in ("aiohttp", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, getattr(logging, level)))
+    # kopf logs every handler and timer success at INFO ("Handler ... succeeded"): with child
+    # events and re-checks that is several lines per job per second. Our own reconciler logs
+    # each phase transition (logger colocgrpo.operator); kopf's per-object chatter only at DEBUG.
+    if level != "DEBUG":
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)

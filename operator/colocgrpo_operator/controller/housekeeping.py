@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -91,7 +92,7 @@ class Housekeeper:
             if cr is None or (cr.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 continue
             try:
-                await self.reconciler.reconcile(key, lambda key=key: self.read_inputs(key), trigger="recheck")
+                await self.reconciler.reconcile(key, functools.partial(self.read_inputs, key), trigger="recheck")
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # one job's API error must not stop the others' clock
@@ -104,7 +105,7 @@ class Housekeeper:
         for key in list(self.jobs.keys()):
             cr = first_view(self.jobs, key)
             deadline = ttl_deadline(cr)
-            if deadline is None:
+            if cr is None or deadline is None:
                 continue
             uid = (cr.get("metadata") or {}).get("uid") or ""
             if deadline > now:

@@ -72,7 +72,14 @@ def connection_pool(credentials: Credentials, size: int) -> urllib3.PoolManager:
 
 
 class KubeApi:
-    """Blocking calls (run them in kopf's executor threads, never on the event loop)."""
+    """Blocking calls (run them in kopf's executor threads, never on the event loop).
+
+    Args:
+        credentials: where the API server is and how to authenticate (controller/credentials.py).
+        field_manager: server-side apply field manager and create/patch fieldManager.
+        pool_size: most connections open at once (at least 4); one per calling thread is best.
+        timeout: read timeout of every request, in seconds (connect: at most 10).
+    """
 
     def __init__(self, credentials: Credentials, field_manager: str, pool_size: int = 16, timeout: float = 30):
         self.credentials = credentials
@@ -88,6 +95,7 @@ class KubeApi:
         return cls(load_credentials(str(kubeconfig) if kubeconfig else None), field_manager, **options)
 
     def close(self) -> None:
+        """Close the pooled connections (a later request opens new ones)."""
         self.pool.clear()
 
     def request(
@@ -164,6 +172,7 @@ class KubeApi:
         return True
 
     def patch_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
+        """Set the batch Job's spec.suspend (merge patch); raises KubeApiError on refusal."""
         self.request(
             "PATCH",
             object_path("Job", namespace, name),

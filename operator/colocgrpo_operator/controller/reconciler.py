@@ -136,6 +136,19 @@ def _resource_version(obj: dict[str, Any] | None) -> int:
 
 
 class Reconciler:
+    """Every reconcile of every job goes through one instance (`OperatorRuntime.reconciler`).
+
+    Guarantees: reconciles of one job never overlap (a per-job asyncio lock); blocking API calls
+    run in `executor`, never on the event loop; the status is only written when it changed, and
+    never its `progress` (the trainer's).
+
+    Args:
+        kube: the blocking API client.
+        default_image: trainer image for jobs whose spec names none (None: the renderer's default).
+        executor: where blocking API calls run (kopf's executor, `--api-threads` threads).
+        logger: phase transitions, gang restarts and background failures.
+    """
+
     def __init__(
         self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor, logger: logging.Logger
     ):
@@ -148,7 +161,6 @@ class Reconciler:
         self._queued: set[Key] = set()
         self._background: set[asyncio.Task] = set()  # reconcile_soon's tasks
         self._wakeup = asyncio.Event()
-        self.housekeeping: asyncio.Task | None = None  # the one housekeeping loop (handlers.py)
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
         # Our own last status write per job, with its resourceVersion: the watch (and so the
         # index) may lag behind it, and deciding from an older status could count twice.
@@ -162,6 +174,7 @@ class Reconciler:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     def parsed(self, cr: dict[str, Any]) -> ParsedSpec:
+        """The job's spec parsed once per (uid, generation), cached."""
         meta = cr.get("metadata") or {}
         cache_key = (meta.get("uid") or "", meta.get("generation"))
         parsed = self._specs.get(cache_key)
@@ -176,6 +189,7 @@ class Reconciler:
         self._wakeup.set()
 
     async def wait_for_wakeup(self, timeout: float) -> None:
+        """Return after `wake_up` was called, or after `timeout` seconds (for the housekeeper)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
         self._wakeup.clear()

@@ -1,0 +1,137 @@
+"""`OperatorRuntime`: what the operator holds for its whole life, in one object.
+
+The startup handler (controller/startup.py) builds it once and keeps it in kopf's memo as
+`memo.runtime`; every handler reaches the shared client, reconciler and housekeeper through it
+(`runtime_of(memo)`), and the cleanup handler closes it. kopf hands each object a shallow copy
+of the memo, so the runtime is one object for the whole operator, not one per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+import kopf
+
+from colocgrpo_operator.api.naming import OPERATOR_NAME
+from colocgrpo_operator.controller.config import OperatorConfig
+from colocgrpo_operator.controller.credentials import Credentials
+from colocgrpo_operator.controller.housekeeping import Housekeeper
+from colocgrpo_operator.controller.kube import KubeApi
+from colocgrpo_operator.controller.metrics import start_metrics_server
+from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
+from colocgrpo_operator.controller.snapshots import all_views, first_view
+
+
+class JobIndices(NamedTuple):
+    """kopf's three in-memory indices (declared in controller/handlers.py). Live: kopf updates
+    them as watch events arrive, so reading one key twice may give two answers."""
+
+    jobs: kopf.Index[Key, str]  # ColocGRPOJobs by (namespace, name)
+    batch_jobs: kopf.Index[Key, str]  # the gang's batch Job by its job's key
+    pods: kopf.Index[Key, str]  # the gang's pods by their job's key
+
+    def read(self, key: Key) -> Inputs:
+        """One job's inputs as the indices hold them now, decoded. Call it on the event loop
+        (kopf updates the indices there), so they cannot change while it decodes them."""
+        return first_view(self.jobs, key), first_view(self.batch_jobs, key), all_views(self.pods, key)
+
+    def reader(self, key: Key) -> Callable[[], Inputs]:
+        """`read` of that key, for when the reconciler has the job's lock."""
+        return functools.partial(self.read, key)
+
+
+class MetricsServer(Protocol):
+    def shutdown(self) -> None: ...
+
+
+class OperatorRuntime:
+    """The shared client, reconciler, housekeeper and metrics server of one operator process.
+
+    Attributes:
+        config: the settings it was built from.
+        indices: kopf's indices, which every reconcile reads its inputs from.
+        kube: the blocking Kubernetes client, one connection per executor thread.
+        reconciler: the one `Reconciler` every trigger goes through.
+        housekeeper: the operator-wide re-check and TTL loop, not yet running (`start_housekeeping`).
+        metrics_server: the Prometheus endpoint, None when `config.metrics_port` is 0.
+    """
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        indices: JobIndices,
+        kube: KubeApi,
+        reconciler: Reconciler,
+        housekeeper: Housekeeper,
+        metrics_server: MetricsServer | None,
+    ):
+        self.config = config
+        self.indices = indices
+        self.kube = kube
+        self.reconciler = reconciler
+        self.housekeeper = housekeeper
+        self.metrics_server = metrics_server
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        config: OperatorConfig,
+        credentials: Credentials,
+        indices: JobIndices,
+        executor: concurrent.futures.Executor,
+        logger: logging.Logger,
+    ) -> OperatorRuntime:
+        """Open the client's connection pool and the metrics endpoint; build the reconciler and
+        the housekeeper over `indices`. Blocking API work runs in `executor` (kopf's, sized by
+        `config.api_threads`). Raises OSError when the metrics port cannot be bound."""
+        kube = KubeApi(credentials, field_manager=OPERATOR_NAME, pool_size=config.api_threads)
+        reconciler = Reconciler(kube=kube, default_image=config.trainer_image, executor=executor, logger=logger)
+        housekeeper = Housekeeper(
+            reconciler=reconciler,
+            jobs=indices.jobs,
+            read_inputs=indices.read,
+            recheck_seconds=config.recheck_seconds,
+            logger=logger,
+        )
+        try:
+            metrics_server = start_metrics_server(config.metrics_port) if config.metrics_port > 0 else None
+        except BaseException:
+            kube.close()
+            raise
+        return cls(config, indices, kube, reconciler, housekeeper, metrics_server)
+
+    def start_housekeeping(self) -> None:
+        """Start the housekeeping loop, once (later calls do nothing).
+
+        Called from a job handler, not at startup: a task inherits the context it is created in,
+        and only handler contexts carry kopf's event-posting queue (`kopf.event`).
+        """
+        if self._housekeeping is None:
+            loop = asyncio.get_running_loop()
+            self._housekeeping = loop.create_task(self.housekeeper.run(), name="colocgrpo-housekeeping")
+
+    async def close(self) -> None:
+        """Stop the housekeeping loop and the reconciles running in the background, then close
+        the connection pool and the metrics endpoint. Safe to call once the operator stops."""
+        task, self._housekeeping = self._housekeeping, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.reconciler.cancel_background()
+        self.kube.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+
+
+def runtime_of(memo: kopf.Memo) -> OperatorRuntime:
+    """The runtime the startup handler put in `memo`."""
+    runtime: OperatorRuntime = memo.runtime
+    return runtime

@@ -1,0 +1,151 @@
+"""The operator's start and stop: every kopf setting, the `OperatorRuntime`, kopf's login.
+
+The startup handler reads the `OperatorConfig` that `colocgrpo operator` put in kopf's memo
+(`kopf.run(memo=kopf.Memo(config=...))`; the defaults when there is none), applies the kopf
+settings below and builds the runtime into `memo.runtime`; the cleanup handler closes it.
+
+Why each kopf setting:
+- watch timeouts: a watch stream that silently stops delivering events is kopf's best-known
+  failure mode (a load balancer or apiserver restart drops it without closing); a bounded
+  server timeout plus a slightly longer client timeout make kopf reconnect and re-list.
+- label selectors: only our children are watched; the apiserver filters pods and Jobs by label,
+  so an operator in a busy cluster does not receive (and hold in memory) every pod there is.
+- progress / diffbase live under our own `colocgrpo.io/` annotation prefix, so `kubectl get
+  -o yaml` shows who put them there, and nothing collides with another kopf operator. No
+  finalizer is configured: no handler needs one (controller/housekeeping.py says why), so kopf
+  adds none.
+- posting level WARNING+ for kopf's own log-derived Events: our handlers post one Event per
+  phase transition themselves; kopf's chatter ("Handler succeeded") would flood `describe`.
+- queueing: per-object workers idle out quickly; no global limit (fairness across jobs). An idle
+  worker still holds the last watch event it processed (a full object): with kopf's 5 s default,
+  a 500-job burst kept ~1000 of them alive at once, and the allocator keeps that peak as RSS
+  afterwards (docs/benchmarks/operator.md).
+- execution: blocking API calls run in `--api-threads` threads; a handler that fails
+  unexpectedly is retried after 5 s, not kopf's default minute.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+import kopf
+
+from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
+from colocgrpo_operator.controller.config import OperatorConfig
+from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
+from colocgrpo_operator.controller.reconciler import Key
+from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
+
+WATCH_SERVER_TIMEOUT_SECONDS = 270
+WATCH_CLIENT_TIMEOUT_SECONDS = 300
+CONNECT_TIMEOUT_SECONDS = 10
+REQUEST_TIMEOUT_SECONDS = 30
+WATCH_RECONNECT_BACKOFF_SECONDS = 1.0
+WORKER_IDLE_TIMEOUT_SECONDS = 0.5
+WORKER_EXIT_TIMEOUT_SECONDS = 2.0
+HANDLER_RETRY_BACKOFF_SECONDS = 5
+
+
+def config_of(memo: kopf.Memo) -> OperatorConfig:
+    """The configuration `colocgrpo operator` handed over in the memo; the defaults without one
+    (the handlers loaded some other way, e.g. by `kopf run`)."""
+    config = memo.get("config")
+    return config if isinstance(config, OperatorConfig) else OperatorConfig()
+
+
+def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """Every kopf setting the operator changes (the module docstring says why)."""
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
+    settings.watching.connect_timeout = CONNECT_TIMEOUT_SECONDS
+    settings.watching.reconnect_backoff = WATCH_RECONNECT_BACKOFF_SECONDS
+    settings.watching.label_selectors["v1", "pods"] = JOB_NAME_LABEL
+    settings.watching.label_selectors["batch", "v1", "jobs"] = JOB_NAME_LABEL
+    settings.networking.request_timeout = REQUEST_TIMEOUT_SECONDS
+    settings.networking.connect_timeout = CONNECT_TIMEOUT_SECONDS
+
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=OPERATOR_ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=OPERATOR_ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = OPERATOR_NAME
+    settings.posting.event_name_prefix = EVENT_NAME_PREFIX
+
+    settings.queueing.idle_timeout = WORKER_IDLE_TIMEOUT_SECONDS
+    settings.queueing.exit_timeout = WORKER_EXIT_TIMEOUT_SECONDS
+
+    settings.execution.max_workers = config.api_threads
+    settings.execution.default_backoff = HANDLER_RETRY_BACKOFF_SECONDS
+
+
+@kopf.on.startup()
+async def start(
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    jobs_by_name: kopf.Index[Key, str],
+    batch_jobs_by_owner: kopf.Index[Key, str],
+    pods_by_owner: kopf.Index[Key, str],
+    **_: Any,
+) -> None:
+    """Apply the kopf settings and build the `OperatorRuntime` into `memo.runtime`.
+
+    The three indices are handlers.py's, passed by kopf under their function names; empty now,
+    they fill as the watches start. A missing or unusable kubeconfig stops the operator here
+    (retrying cannot fix it).
+    """
+    config = config_of(memo)
+    apply_kopf_settings(settings, config)
+    memo.runtime = OperatorRuntime.open(
+        config,
+        credentials=_credentials(config),
+        indices=JobIndices(jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+        executor=settings.execution.executor,
+        logger=logging.getLogger("colocgrpo.operator"),
+    )
+    logger.info("colocgrpo operator configured (metrics port %s)", config.metrics_port or "off")
+
+
+def _credentials(config: OperatorConfig) -> Credentials:
+    """In-cluster ServiceAccount, else --kubeconfig / $KUBECONFIG, read when asked (not at import)."""
+    try:
+        return load_credentials(config.kubeconfig)
+    except CredentialsError as error:
+        raise kopf.PermanentError(str(error)) from error  # retrying cannot fix a missing kubeconfig
+
+
+@kopf.on.login()
+async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.AiohttpSession:
+    """kopf's session from the same credentials as the operator's own client (a ServiceAccount's
+    token is read afresh on each login: kopf logs in again when a rotated-out token gets a 401).
+
+    Our own login handler also replaces kopf's default ones, which would go through the
+    official kubernetes client (never imported in the operator, cli/operator.py); and the
+    session is ours to bound its connection pool (`OperatorConfig.kopf_connection_limit`).
+    kopf closes it with its own.
+    """
+    config = config_of(memo)
+    credentials = _credentials(config)
+    return kopf.AiohttpSession(
+        aiohttp_session=aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=config.kopf_connection_limit(), ssl=credentials.ssl_context()),
+            headers=credentials.auth_headers(),
+            proxy=credentials.proxy_url,
+            trust_env=settings.networking.trust_env,
+        ),
+        server=credentials.server,
+        default_namespace=credentials.namespace,
+    )
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Close what startup opened (`OperatorRuntime.close`); nothing when startup failed early."""
+    runtime = memo.get("runtime")
+    if isinstance(runtime, OperatorRuntime):
+        await runtime.close()
+    logger.info("colocgrpo operator stopped")
