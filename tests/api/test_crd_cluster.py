@@ -64,6 +64,25 @@ def test_examples_are_accepted_and_defaulted(crd_installed, namespace):
             lambda o: o["spec"].update(vllm={"tensorParallelSize": 4, "gpuMemoryUtilization": 1.0}),
             "gpuMemoryUtilization",
         ),
+        (
+            lambda o: o["spec"].update(
+                vllm={"tensorParallelSize": 4, "offloadTrainerState": True}, deepspeed={"zeroStage": 2}
+            ),
+            "spec.vllm.offloadTrainerState needs spec.deepspeed.zeroStage 3",
+        ),
+        (
+            lambda o: o["spec"].update(
+                vllm={"tensorParallelSize": 4, "offloadTrainerState": True},
+                deepspeed={"offloadParams": "cpu", "offloadOptimizer": "cpu"},
+            ),
+            "spec.vllm.offloadTrainerState cannot be combined with spec.deepspeed.offloadParams cpu",
+        ),
+        (
+            lambda o: o["spec"].update(
+                vllm={"tensorParallelSize": 4, "offloadTrainerState": True, "sleepPolicy": "off"}
+            ),
+            "spec.vllm.offloadTrainerState needs a sleeping spec.vllm.sleepPolicy",
+        ),
     ],
 )
 def test_api_server_rejects_with_the_field_named(crd_installed, namespace, mutate, expected):

@@ -193,6 +193,48 @@ def test_max_model_len_must_hold_prompt_and_completion():
     assert "spec.vllm.maxModelLen" in found
 
 
+@pytest.mark.parametrize(
+    "deepspeed, vllm, trainer_args, field, words",
+    [
+        ({"zeroStage": 2}, {}, {}, "spec.vllm.offloadTrainerState", "needs spec.deepspeed.zeroStage 3, got 2"),
+        ({"zeroStage": 0}, {}, {}, "spec.vllm.offloadTrainerState", "stage-0 optimizers cannot move"),
+        ({"offloadParams": "cpu", "offloadOptimizer": "cpu"}, {}, {}, "spec.vllm.offloadTrainerState", "offloadParams"),
+        ({}, {"sleepPolicy": "off"}, {}, "spec.vllm.offloadTrainerState", "sleeping spec.vllm.sleepPolicy"),
+        ({}, {}, {"optim": "adafactor"}, "spec.trainerArgs.optim", "DeepSpeed's own AdamW"),
+        ({}, {}, {"optim": ["not", "a", "name"]}, "spec.trainerArgs.optim", "must be unset"),
+    ],
+)
+def test_trainer_state_offload_refuses_what_deepspeed_cannot_move(deepspeed, vllm, trainer_args, field, words):
+    found = problems_of(
+        minimal_job(
+            deepspeed=deepspeed,
+            vllm={"tensorParallelSize": 4, "offloadTrainerState": True, **vllm},
+            trainerArgs=trainer_args,
+        )
+    )
+    assert field in found and words in found[field], found
+
+
+@pytest.mark.parametrize(
+    "deepspeed, trainer_args",
+    [
+        ({}, {}),
+        ({}, {"optim": "adamw_torch_fused"}),
+        # The optimizer already lives on the CPU: only the bf16 partitions move, any optimizer goes.
+        ({"offloadOptimizer": "cpu"}, {"optim": "adafactor"}),
+    ],
+)
+def test_trainer_state_offload_accepted_with_zero3(deepspeed, trainer_args):
+    job = parse_job(
+        minimal_job(
+            deepspeed=deepspeed, vllm={"tensorParallelSize": 4, "offloadTrainerState": True}, trainerArgs=trainer_args
+        )
+    )
+    assert job.spec.vllm.offload_trainer_state
+    # The same specs without the offload are fine whatever the stage, policy or optimizer.
+    parse_job(minimal_job(deepspeed={"zeroStage": 2}, vllm={"tensorParallelSize": 4, "sleepPolicy": "off"}))
+
+
 @pytest.mark.parametrize("obj", [None, [], "text", 3])
 def test_non_mapping_is_a_clear_error(obj):
     with pytest.raises(JobSpecError):

@@ -139,6 +139,36 @@ def _spec_rules() -> list[dict[str, Any]]:
             "fieldPath": ".vllm.tensorParallelSize",
             "reason": "FieldValueInvalid",
         },
+        *_trainer_state_offload_rules(),
+    ]
+
+
+def _trainer_state_offload_rules() -> list[dict[str, Any]]:
+    """validation.trainer_state_offload_problems, less its trainerArgs.optim rule (CEL cannot read
+    trainerArgs' untyped values; parse_job checks it)."""
+    offloading = "has(self.vllm) && has(self.vllm.offloadTrainerState) && self.vllm.offloadTrainerState"
+    return [
+        {
+            "rule": f"!({offloading}) || !has(self.deepspeed) || !has(self.deepspeed.zeroStage) "
+            "|| self.deepspeed.zeroStage == 3",
+            "message": "spec.vllm.offloadTrainerState needs spec.deepspeed.zeroStage 3",
+            "fieldPath": ".vllm.offloadTrainerState",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!({offloading}) || !has(self.deepspeed) || !has(self.deepspeed.offloadParams) "
+            "|| self.deepspeed.offloadParams == 'none'",
+            "message": "spec.vllm.offloadTrainerState cannot be combined with spec.deepspeed.offloadParams cpu "
+            "(DeepSpeed refuses to move the states of offloaded parameters)",
+            "fieldPath": ".vllm.offloadTrainerState",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!({offloading}) || !has(self.vllm.sleepPolicy) || self.vllm.sleepPolicy != 'off'",
+            "message": "spec.vllm.offloadTrainerState needs a sleeping spec.vllm.sleepPolicy (level1, level2 or auto)",
+            "fieldPath": ".vllm.offloadTrainerState",
+            "reason": "FieldValueInvalid",
+        },
     ]
 
 

@@ -18,6 +18,7 @@ from colocgrpo_operator.api.model import (
     ColocGRPOJob,
     ColocGRPOJobSpec,
     ResourcesSpec,
+    SleepPolicy,
     VLLMSpec,
 )
 from colocgrpo_operator.api.naming import (
@@ -184,6 +185,7 @@ def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     problems.extend(_pod_template_problems(spec))
     if spec.deepspeed.offload_params == "cpu" and spec.deepspeed.zero_stage != 3:
         problems.append(("spec.deepspeed.offloadParams", "parameter offload needs spec.deepspeed.zeroStage 3"))
+    problems.extend(trainer_state_offload_problems(spec))
     for index, reward in enumerate(spec.rewards):
         if reward.function not in BUILTIN_REWARDS and not _MODULE_FUNCTION.match(reward.function):
             problems.append(
@@ -207,6 +209,58 @@ def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
                 "spec.vllm.maxModelLen",
                 f"must be at least spec.dataset.maxPromptTokens + trainerArgs.max_completion_length "
                 f"({spec.dataset.max_prompt_tokens} + {max_completion}), got {vllm.max_model_len}",
+            )
+        )
+    return problems
+
+
+# TrainingArguments.optim values that mean AdamW: with vllm.offloadTrainerState the rendered deepspeed.json
+# names DeepSpeed's own AdamW, which transformers then uses whatever `optim` says.
+ADAMW_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused"})
+
+
+def trainer_state_offload_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    """What DeepSpeed 0.19's `offload_states` refuses or cannot gain from (docs/sleep-policy.md)."""
+    if not spec.vllm.offload_trainer_state:
+        return []
+    field = "spec.vllm.offloadTrainerState"
+    problems: list[tuple[str, str]] = []
+    deepspeed = spec.deepspeed
+    if deepspeed.zero_stage != 3:
+        problems.append(
+            (
+                field,
+                f"needs spec.deepspeed.zeroStage 3, got {deepspeed.zero_stage}: the offload is built and checked for "
+                "ZeRO-3 only (DeepSpeed 0.19's stage-0 optimizers cannot move their state at all)",
+            )
+        )
+    if deepspeed.offload_params != "none":
+        problems.append(
+            (
+                field,
+                "cannot be combined with spec.deepspeed.offloadParams cpu: DeepSpeed refuses to move the states "
+                "of offloaded parameters (they are on the CPU already)",
+            )
+        )
+    if spec.vllm.sleep_policy is SleepPolicy.OFF:
+        problems.append(
+            (
+                field,
+                "needs a sleeping spec.vllm.sleepPolicy (level1, level2 or auto): with off, vLLM never frees its "
+                "memory, so the trainer state would never move",
+            )
+        )
+    optim = spec.trainer_args.get("optim")
+    if (
+        deepspeed.offload_optimizer == "none"
+        and optim is not None
+        and not (isinstance(optim, str) and optim in ADAMW_OPTIMS)
+    ):
+        problems.append(
+            (
+                "spec.trainerArgs.optim",
+                f"must be unset or one of {', '.join(sorted(ADAMW_OPTIMS))} with spec.vllm.offloadTrainerState: "
+                f"the trainer then uses DeepSpeed's own AdamW, so that its state can move; got {optim!r}",
             )
         )
     return problems
