@@ -127,6 +127,31 @@ def test_zero3_settings_follow_world_size_and_offload(obj, one_gpu):
         assert zero["reduce_bucket_size"] == "auto"
 
 
+@pytest.mark.parametrize(
+    ("obj", "optimizer"),
+    [
+        # The offload needs DeepSpeed's own AdamW (FusedAdam) to move moments and fp32 master weights.
+        (one_gpu_job(offload_trainer_state=True), "AdamW"),
+        (load_example("seed-qwen14b-tp4.yaml", vllm={"tensorParallelSize": 4, "offloadTrainerState": True}), "AdamW"),
+        # Without the offload transformers builds the optimizer trainerArgs.optim names.
+        (one_gpu_job(), None),
+        (load_example("seed-qwen14b-tp4.yaml"), None),
+        # The optimizer lives on the CPU already (accelerate swaps in DeepSpeed's CPU Adam).
+        (one_gpu_job(offload_trainer_state=True, offloadOptimizer="cpu"), None),
+    ],
+    ids=["one-gpu-offload", "eight-gpus-offload", "one-gpu", "eight-gpus", "optimizer-on-cpu"],
+)
+def test_deepspeed_adamw_only_where_the_offload_moves_it(obj, optimizer):
+    deepspeed = json.loads(children_by_kind(obj)["ConfigMap"]["data"]["deepspeed.json"])
+    if optimizer is None:
+        assert "optimizer" not in deepspeed
+        return
+    assert deepspeed["optimizer"]["type"] == optimizer
+    # Every hyperparameter "auto": transformers fills them from GRPOConfig, one source for each number.
+    assert deepspeed["optimizer"]["params"] == {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+    assert "scheduler" not in deepspeed  # transformers' scheduler (GRPOConfig.lr_scheduler_type) drives it
+
+
 def test_secret_is_an_env_reference_never_config():
     obj = load_example("seed-qwen14b-tp4.yaml", secrets={"huggingFaceToken": {"name": "hf", "key": "token"}})
     children = children_by_kind(obj)

@@ -56,6 +56,25 @@ def one_gpu_zero3() -> dict[str, Any]:
     }
 
 
+# DeepSpeed's own AdamW, its hyperparameters filled by transformers from GRPOConfig (learning_rate,
+# adam_beta1/2, adam_epsilon, weight_decay). With the optimizer on the GPU DeepSpeed builds its FusedAdam,
+# the one optimizer whose moments and fp32 master weights DeepSpeed 0.19's offload_states can move.
+DEEPSPEED_ADAMW = {
+    "type": "AdamW",
+    "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+}
+
+
+def deepspeed_optimizer(job: ColocGRPOJob) -> dict[str, Any] | None:
+    """The `optimizer` block, only where the trainer-state offload needs it: with
+    `vllm.offloadTrainerState` and the optimizer on the GPU. Elsewhere transformers builds the
+    optimizer `trainerArgs.optim` names (torch AdamW by default; accelerate swaps it for DeepSpeed's
+    CPU Adam under `offloadOptimizer: cpu`). docs/decisions.md, "Trainer-state offload"."""
+    if job.spec.vllm.offload_trainer_state and job.spec.deepspeed.offload_optimizer == "none":
+        return {"type": DEEPSPEED_ADAMW["type"], "params": dict(DEEPSPEED_ADAMW["params"])}
+    return None
+
+
 def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
     deepspeed = job.spec.deepspeed
     zero: dict[str, Any] = {
@@ -79,7 +98,7 @@ def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
         )
         if one_gpu_resident(job):
             zero.update(one_gpu_zero3())
-    return {
+    config: dict[str, Any] = {
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},
         "zero_optimization": zero,
@@ -90,6 +109,10 @@ def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
         "steps_per_print": 1_000_000,  # TRL logs; DeepSpeed's own step prints are noise
         "wall_clock_breakdown": False,
     }
+    optimizer = deepspeed_optimizer(job)
+    if optimizer is not None:
+        config["optimizer"] = optimizer
+    return config
 
 
 def render_deepspeed_json(job: ColocGRPOJob) -> str:
