@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from colocgrpo_training.planner import (
 from colocgrpo_training.planner import formulas as f
 
 GIB = 1024**3
+REPO = Path(__file__).resolve().parents[2]
 
 
 def seed_spec(**vllm) -> dict:
@@ -52,12 +54,17 @@ def test_seed_job_fits_with_numbers():
     assert plan.gpu_memory_gib == DEFAULT_GPU_MEMORY_GIB
     # vLLM's reservation is a fraction of the WHOLE GPU: 0.35 x 139.8 GiB = 48.93 GiB
     assert plan.per_gpu_vllm_gib == pytest.approx(0.35 * 139.8, abs=0.01)
-    # model states: 18 x 14,770,033,664 / 8 bytes = 30.95 GiB, all kept on the GPU while vLLM generates
+    # model states in training (DeepSpeed's estimator): 18 x 14,770,033,664 / 8 bytes = 30.95 GiB
     p = 14_770_033_664
     assert term(plan, "training", "optimizer") == 12 * p // 8
+    # the reduce bucket: "auto" = hidden_size^2 = 5120^2 elements x 2 B = 52,428,800 B
+    bucket = 5120 * 5120 * 2
+    assert term(plan, "training", "ZeRO-3 gradient bucket") == bucket
+    # while vLLM generates, ZeRO-3's buffers between steps, all kept on the GPU: bf16 partitions and
+    # gradients 2 + 2, fp32 master + Adam m, v 4 + 8 bytes/param / 8 GPUs, and the bucket
     assert term(plan, "generation", "trainer optimizer") == 12 * p // 8
-    # generation peak = reservation + states (2+4+12 bytes/param / 8) + CUDA context
-    expected_generation = int(0.35 * int(139.8 * GIB)) + (2 * p // 8 + 4 * p // 8) + 12 * p // 8 + f.CUDA_CONTEXT_BYTES
+    assert term(plan, "generation", "trainer parameters + gradients") == 2 * (2 * p // 8)
+    expected_generation = int(0.35 * int(139.8 * GIB)) + 2 * (2 * p // 8) + 12 * p // 8 + bucket + f.CUDA_CONTEXT_BYTES
     assert plan.per_gpu_generation_gib == pytest.approx(expected_generation / GIB)
     # engine batch: 16 per device x TP 4 x 4 steps per generation = 256 sequences of 1536 tokens,
     # KV 49,152 B/token -> 256 x 1536 x 49,152 = 19,327,352,832 B = 18.0 GiB
@@ -99,12 +106,49 @@ def test_sleep_makes_vllm_and_training_non_additive_but_not_states():
     assert plan_from_spec(seed_spec(sleepPolicy="level1")).per_gpu_training_gib == asleep.per_gpu_training_gib
 
 
-def test_offload_trainer_state_frees_optimizer_during_generation():
+def test_offload_trainer_state_frees_what_deepspeed_moves_during_generation():
     kept = plan_from_spec(seed_spec())
     moved = plan_from_spec(seed_spec(offloadTrainerState=True))
-    optimizer = 12 * 14_770_033_664 // 8
-    assert (kept.per_gpu_generation_gib - moved.per_gpu_generation_gib) * GIB == pytest.approx(optimizer)
+    p = 14_770_033_664
+    # offload_states with DeepSpeed's FusedAdam (rendered for the offload) moves every ZeRO-3 buffer:
+    # bf16 partitions 2P/8, bf16 gradients 2P/8, fp32 master 4P/8, Adam m, v 8P/8, and the 5120^2 bucket
+    everything = 2 * p // 8 + 2 * p // 8 + 4 * p // 8 + 8 * p // 8 + 5120 * 5120 * 2
+    assert moved.trainer_state_offload_gib * GIB == pytest.approx(everything)
+    assert (kept.per_gpu_generation_gib - moved.per_gpu_generation_gib) * GIB == pytest.approx(everything)
+    for name in ("trainer parameters + gradients", "trainer optimizer", "ZeRO-3 gradient bucket"):
+        assert term(moved, "generation", name) == 0
     assert moved.utilization_range[1] > kept.utilization_range[1]
+    assert kept.trainer_state_offload_gib == 0
+    assert any("pinned host memory" in a and "per node" in a for a in moved.assumptions)
+
+
+def test_offload_with_optimizer_on_cpu_moves_only_the_bf16_partitions_and_bucket():
+    spec = seed_spec(offloadTrainerState=True)
+    spec["deepspeed"] = {"zeroStage": 3, "offloadOptimizer": "cpu"}
+    moved = plan_from_spec(spec)
+    p = 14_770_033_664
+    # DeepSpeed drops hp_params, optim_states and lp_grads from the offload: they live on the CPU already
+    assert moved.trainer_state_offload_gib * GIB == pytest.approx(2 * p // 8 + 5120 * 5120 * 2)
+    assert term(moved, "generation", "trainer parameters + gradients") == 0
+
+
+@pytest.mark.parametrize(
+    "deepspeed, vllm",
+    [
+        ({"zeroStage": 2}, {}),
+        ({"zeroStage": 3, "offloadParams": "cpu", "offloadOptimizer": "cpu"}, {}),
+        ({}, {"sleepPolicy": "off"}),
+    ],
+)
+def test_a_refused_offload_is_credited_nothing(deepspeed, vllm):
+    spec = seed_spec(offloadTrainerState=True, **vllm)
+    spec["deepspeed"].update(deepspeed)
+    plan = plan_from_spec(spec)
+    without = seed_spec(**vllm)
+    without["deepspeed"].update(deepspeed)
+    assert plan.per_gpu_generation_gib == plan_from_spec(without).per_gpu_generation_gib
+    assert plan.trainer_state_offload_gib == 0
+    assert any("offloadTrainerState" in w and "refused" in w for w in plan.warnings)
 
 
 def test_too_high_utilization_does_not_fit_in_generation():
@@ -291,3 +335,24 @@ def test_verdict_is_consistent_with_the_numbers(model, gpus, tp, util, batch, co
         spec["vllm"]["gpuMemoryUtilization"] = plan.recommended_gpu_memory_utilization
         again = plan_from_spec(spec)
         assert not any("vLLM does not fit" in p or "generation phase" in p for p in again.problems)
+
+
+@pytest.mark.parametrize(
+    "gpus, offload, bucket_elements",
+    [(1, False, 500_000_000), (1, True, 5120 * 5120), (8, False, 5120 * 5120), (8, True, 5120 * 5120)],
+    ids=["one-gpu", "one-gpu-offload", "eight-gpus", "eight-gpus-offload"],
+)
+def test_bucket_is_what_the_operator_renders(gpus, offload, bucket_elements):
+    """The planner's ZeRO-3 bucket follows render/launch_config.py: DeepSpeed's default for a one-GPU
+    job that keeps its parameters resident, "auto" (transformers: hidden_size^2) elsewhere."""
+    import yaml
+
+    from colocgrpo_operator.api import parse_job
+    from colocgrpo_operator.render import deepspeed_config
+
+    obj = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
+    obj["spec"]["resources"] = {"nodes": 1, "gpusPerNode": gpus}
+    obj["spec"]["vllm"].update(tensorParallelSize=1, offloadTrainerState=offload)
+    rendered = deepspeed_config(parse_job(obj))["zero_optimization"]["reduce_bucket_size"]
+    assert rendered == (bucket_elements if gpus == 1 and not offload else "auto")
+    assert term(plan_job(obj), "training", "ZeRO-3 gradient bucket") == 2 * bucket_elements

@@ -86,6 +86,69 @@ def model_states(
     return ModelStates(2 * p, 6 * p, 12 * p, 0)
 
 
+# DeepSpeed's reduce_bucket_size default (elements); the operator renders it for a one-GPU job whose
+# parameters stay on the GPU (render/launch_config.py `one_gpu_zero3`). Elsewhere it renders "auto", which
+# transformers fills with hidden_size**2.
+DEEPSPEED_DEFAULT_BUCKET_ELEMENTS = 500_000_000
+
+
+def zero3_bucket_elements(hidden_size: int, one_gpu_resident: bool) -> int:
+    """reduce_bucket_size as the operator renders it: the size of ZeRO-3's contiguous gradient bucket."""
+    return DEEPSPEED_DEFAULT_BUCKET_ELEMENTS if one_gpu_resident else hidden_size * hidden_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Zero3Resident:
+    """What a ZeRO-3 engine holds on the GPU between optimizer steps, buffer by buffer, as DeepSpeed 0.19
+    allocates them (deepspeed/runtime/zero/stage3.py) — the states `offload_states` names. Unlike the
+    estimator's 18P/N (a training peak: the step also makes fp32 gradients of a sub-group), this is what
+    sits there while vLLM generates."""
+
+    lp_params: int  # lp_param_buffer: the 16-bit partitions
+    lp_grads: int  # grad_partitions_flat_buffer: 16-bit gradient partitions (on the CPU with optimizer offload)
+    hp_params: int  # fp32_partitioned_groups_flat: the fp32 master partitions
+    optim_states: int  # the optimizer's exp_avg and exp_avg_sq (fp32)
+    contiguous_grad_buffer: int  # the reduce bucket: reduce_bucket_size elements, 16-bit
+
+    @property
+    def total(self) -> int:
+        return sum(dataclasses.astuple(self))
+
+    def moved_by_offload_states(self, offload_optimizer: bool) -> dict[str, int]:
+        """Bytes per state that `DeepSpeedEngine.offload_states()` (include=None) takes off the GPU.
+
+        DeepSpeed 0.19: every state with its FusedAdam (the optimizer the operator renders for the offload);
+        with the optimizer offloaded to the CPU `_refine_include_states` drops hp_params, optim_states and,
+        in ZeRO-3, lp_grads (they are not on the GPU). Offloaded parameters it refuses (validation does too).
+        """
+        moved = dataclasses.asdict(self)
+        if offload_optimizer:
+            for state in ("hp_params", "optim_states", "lp_grads"):
+                moved.pop(state)
+        return moved
+
+
+def zero3_resident(
+    params: int,
+    world_size: int,
+    dtype_bytes: int,
+    offload_optimizer: bool,
+    offload_parameters: bool,
+    bucket_elements: int,
+) -> Zero3Resident:
+    """Bytes per GPU of each ZeRO-3 buffer between optimizer steps (P/N per partition; DeepSpeed pads each
+    parameter's partition to a multiple of N elements, at most N - 1 elements more per parameter)."""
+    p, n, a = params, max(1, world_size), dtype_bytes
+    on_gpu_optimizer = not offload_optimizer
+    return Zero3Resident(
+        lp_params=0 if offload_parameters else a * p // n,
+        lp_grads=a * p // n if on_gpu_optimizer else 0,
+        hp_params=4 * p // n if on_gpu_optimizer else 0,
+        optim_states=8 * p // n if on_gpu_optimizer else 0,
+        contiguous_grad_buffer=a * bucket_elements,
+    )
+
+
 def reference_model_bytes(
     params: int, world_size: int, zero_stage: int, offload_parameters: bool, dtype_bytes: int
 ) -> int:

@@ -236,6 +236,13 @@ def read_inputs(
     if max_num_seqs is not None:
         max_num_seqs = _int(max_num_seqs, "spec.vllm.maxNumSeqs", 1)
     offload_trainer_state = bool(_get(vllm, "offload_trainer_state", default=False))
+    if offload_trainer_state and (zero_stage != 3 or offload_parameters or sleep_policy == "off"):
+        # parse_job refuses these specs (api/validation.py); a plan of one credits nothing to the offload.
+        warnings.append(
+            "spec.vllm.offloadTrainerState needs ZeRO-3 without parameter offload and a sleeping policy: "
+            "the job is refused, planned as if nothing moved"
+        )
+        offload_trainer_state = False
 
     def arg(key: str) -> Any:
         return trainer_args.get(key, TRL_DEFAULTS.get(key))

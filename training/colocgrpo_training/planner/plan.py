@@ -58,6 +58,8 @@ class MemoryPlan:
     terms: list[Term] = dataclasses.field(default_factory=list)
     summary: str = ""
     inputs: PlanInputs | None = None
+    # What vllm.offloadTrainerState moves to pinned host memory while vLLM generates, per GPU.
+    trainer_state_offload_gib: float = 0.0
 
     # -- presentation -------------------------------------------------------------------------------------
 
@@ -120,6 +122,7 @@ class MemoryPlan:
             "gpuMemoryUtilization": self.gpu_memory_utilization,
             "recommendedGpuMemoryUtilization": self.recommended_gpu_memory_utilization,
             "utilizationRange": list(self.utilization_range) if self.utilization_range else None,
+            "trainerStateOffloadGiB": r(self.trainer_state_offload_gib),
             "parameterCount": self.inputs.parameter_count if self.inputs else None,
             "shapeSource": self.inputs.shape.source if self.inputs else None,
             "approximate": bool(self.inputs and self.inputs.shape.approximate),
@@ -168,6 +171,17 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     p, n = i.parameter_count, i.world_size
 
     states = f.model_states(p, s.largest_layer_parameters(), n, i.zero_stage, i.offload_optimizer, i.offload_parameters)
+    resident = None
+    if i.zero_stage == 3:
+        one_gpu_resident = n == 1 and not i.offload_parameters and not i.offload_trainer_state
+        resident = f.zero3_resident(
+            p,
+            n,
+            a,
+            i.offload_optimizer,
+            i.offload_parameters,
+            f.zero3_bucket_elements(s.hidden_size, one_gpu_resident),
+        )
     reference = f.reference_model_bytes(p, n, i.zero_stage, i.offload_parameters, a) if i.beta > 0 else 0
     tokens = i.per_device_train_batch_size * i.sequence_tokens
     completion_tokens = i.per_device_train_batch_size * min(i.completion_tokens, i.sequence_tokens)
@@ -216,6 +230,9 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
                 f"4 B x largest layer {s.largest_layer_parameters() / 1e6:.0f}M params",
             )
         )
+    if resident is not None:
+        bucket = resident.contiguous_grad_buffer
+        terms.append(Term("training", "ZeRO-3 gradient bucket", bucket, f"reduce_bucket_size {bucket // a:,} x {a} B"))
     if reference:
         terms.append(Term("training", "reference model (beta > 0)", reference, "16-bit weights"))
     terms += [
@@ -242,25 +259,18 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     ]
     training_peak = sum(t.bytes for t in terms if t.phase == "training")
 
-    kept_optimizer = 0 if i.offload_trainer_state else states.optimizer
-    terms += [
+    terms.append(
         Term(
             "generation",
             "vLLM reservation",
             budget,
             f"gpuMemoryUtilization {i.gpu_memory_utilization:.2f} x {i.gpu_memory_gib:.1f} GiB (the whole GPU)",
-        ),
-        Term(
-            "generation", "trainer parameters + gradients kept on GPU", states.parameters + states.gradients + reference
-        ),
-        Term(
-            "generation",
-            "trainer optimizer states kept on GPU",
-            kept_optimizer,
-            "moved to CPU by vllm.offloadTrainerState" if i.offload_trainer_state else "",
-        ),
-        Term("generation", "CUDA context + workspaces", context),
-    ]
+        )
+    )
+    trainer_kept, offloaded = generation_trainer_terms(i, states, resident, reference)
+    terms += trainer_kept
+    terms.append(Term("generation", "CUDA context + workspaces", context))
+    kept_on_gpu = sum(t.bytes for t in trainer_kept)
     generation_peak = sum(t.bytes for t in terms if t.phase == "generation")
     kv_available = budget - fixed
     terms += [
@@ -287,7 +297,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     ]
 
     # Utilization bounds: vLLM must start (one max_model_len sequence) and the other phase must still fit.
-    high_bytes = gpu - context - (states.parameters + states.gradients + reference + kept_optimizer)
+    high_bytes = gpu - context - kept_on_gpu
     if not sleeping:
         high_bytes = min(high_bytes, gpu - (training_peak - budget))
     low = _ceil2(vllm_minimum / gpu)
@@ -340,6 +350,13 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
                 "fragmentation and NCCL buffers can take that"
             )
 
+    assumptions = list(i.assumptions)
+    if offloaded:
+        assumptions.append(
+            f"vllm.offloadTrainerState moves {_g(offloaded)} per GPU ({_g(offloaded * i.gpus_per_node)} per node) "
+            "into pinned host memory while vLLM generates; DeepSpeed keeps those buffers for the whole run, so "
+            "spec.resources.memory must hold them too"
+        )
     fits = not problems
     verdict = "fits" if fits else "does NOT fit"
     summary = (
@@ -359,11 +376,40 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
         utilization_range=(low, high) if recommended is not None else None,
         problems=problems,
         warnings=warnings,
-        assumptions=list(i.assumptions),
+        assumptions=assumptions,
         terms=terms,
         summary=summary,
         inputs=i,
+        trainer_state_offload_gib=offloaded / GIB,
     )
+
+
+def generation_trainer_terms(
+    i: PlanInputs, states: f.ModelStates, resident: f.Zero3Resident | None, reference: int
+) -> tuple[list[Term], int]:
+    """The trainer's memory while vLLM generates. ZeRO-3: DeepSpeed's buffers between steps, less what
+    `offload_states` moves with vllm.offloadTrainerState (the same rule as DeepSpeed 0.19, state by
+    state: formulas.Zero3Resident). Other stages: DeepSpeed's estimate, all kept."""
+    if resident is None:
+        kept = [
+            Term("generation", "trainer parameters + gradients kept on GPU", states.parameters + states.gradients),
+            Term("generation", "trainer optimizer states kept on GPU", states.optimizer),
+        ]
+        return kept + ([Term("generation", "reference model (beta > 0)", reference)] if reference else []), 0
+    moved = resident.moved_by_offload_states(i.offload_optimizer) if i.offload_trainer_state else {}
+
+    def kept(*names: str) -> int:
+        return sum(getattr(resident, name) - moved.get(name, 0) for name in names)
+
+    why = "the rest moved to CPU by vllm.offloadTrainerState" if moved else "ZeRO-3 buffers between optimizer steps"
+    out = [
+        Term("generation", "trainer parameters + gradients kept on GPU", kept("lp_params", "lp_grads"), why),
+        Term("generation", "trainer optimizer states kept on GPU", kept("hp_params", "optim_states"), why),
+        Term("generation", "ZeRO-3 gradient bucket kept on GPU", kept("contiguous_grad_buffer"), why),
+    ]
+    if reference:  # a separate DeepSpeed engine without an optimizer: offload_states does not touch it
+        out.append(Term("generation", "reference model (beta > 0)", reference, "16-bit weights, not offloaded"))
+    return out, sum(moved.values())
 
 
 def plan_from_spec(
