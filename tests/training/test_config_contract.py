@@ -70,6 +70,19 @@ def test_gpu_job_renders_to_a_colocated_vllm_grpo_config(tmp_path):
     assert kwargs["learning_rate"] == 1e-6
 
 
+def test_offload_job_renders_to_an_offloading_config_and_the_trainer_refuses_it_without_sleep(tmp_path):
+    from pydantic import ValidationError
+
+    from colocgrpo_training.config import VLLMSettings
+
+    obj = job(4)
+    obj["spec"]["vllm"]["offloadTrainerState"] = True
+    assert rendered(obj, tmp_path).vllm.offload_trainer_state is True
+    # A hand-written grpo.yaml gets the rule the operator enforces on the spec.
+    with pytest.raises(ValidationError, match="offload_trainer_state needs a sleeping sleep_policy"):
+        VLLMSettings(sleep_policy="off", offload_trainer_state=True)
+
+
 def test_cpu_job_renders_to_a_trl_config_without_vllm(tmp_path):
     config = rendered(job(0), tmp_path)
     assert config.vllm.enabled is False

@@ -165,15 +165,23 @@ def test_deepspeed_gather_and_offload_signatures():
     assert set(params(DeepSpeedEngine.reload_states)) == {"self", "non_blocking"}
     assert call_keywords(ENGINE_SOURCE, "offload_states") <= set(off)
     assert call_keywords(ENGINE_SOURCE, "reload_states") <= {"non_blocking"}
-    # offload_scope(): ZeRO-3 moves optimizer states and fp32 masters only for FusedAdam; the
-    # bf16 parameters, gradients and bucket buffers for any optimizer
+    # check_trainer_state_offload() and the rendered DeepSpeed AdamW: ZeRO-3 moves optimizer states and
+    # fp32 masters only for FusedAdam; the engine refuses offloaded parameters; with the optimizer on the
+    # CPU it drops master weights, moments and (ZeRO-3) gradients from the set. The planner's
+    # Zero3Resident names the same five states.
     from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    from colocgrpo_training.planner.formulas import Zero3Resident
 
     stage3 = inspect.getsource(DeepSpeedZeroOptimizer_Stage3.offload_states)
     guard = "if needs_offload(OffloadStateTypeEnum.optim_states) or needs_offload(OffloadStateTypeEnum.hp_params):"
     assert guard in stage3 and "FusedAdam" in stage3
-    assert {"lp_params", "lp_grads", "contiguous_grad_buffer"} <= {m.value for m in OffloadStateTypeEnum}
+    engine_offload = inspect.getsource(DeepSpeedEngine.offload_states)
+    assert "not supported for offloaded parameters" in engine_offload
+    refine = inspect.getsource(DeepSpeedEngine._refine_include_states)
+    assert "hp_params" in refine and "optim_states" in refine and "lp_grads" in refine
+    assert {m.value for m in OffloadStateTypeEnum} == set(Zero3Resident.__dataclass_fields__)
 
 
 # ------------------------------------------------------------------------------- vLLM 0.26

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CONFIG_VERSION = 1
 
@@ -71,8 +71,17 @@ class VLLMSettings(_Strict):
     max_model_len: int | None = Field(default=None, gt=0)
     enable_prefix_caching: bool = True
     max_num_seqs: int | None = Field(default=None, gt=0)
-    # Move DeepSpeed optimizer (and parameter) state to CPU while vLLM generates.
+    # Move the ZeRO-3 trainer state to pinned CPU memory while vLLM generates (docs/sleep-policy.md).
     offload_trainer_state: bool = False
+
+    @model_validator(mode="after")
+    def _offload_needs_a_sleeping_policy(self) -> VLLMSettings:
+        if self.offload_trainer_state and self.sleep_policy is SleepPolicy.OFF:
+            raise ValueError(
+                "offload_trainer_state needs a sleeping sleep_policy (level1, level2 or auto): with off, vLLM never "
+                "frees its memory, so the trainer state would never move"
+            )
+        return self
 
 
 class CheckpointSettings(_Strict):

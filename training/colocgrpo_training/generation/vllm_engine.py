@@ -61,6 +61,11 @@ class ColocatedVLLM(VLLMGeneration):
 
     # (vLLM names with parameters, their full sizes, buckets): planned at the first push.
     _push_plan: tuple[list, list, list[list[int]]] | None = None
+    # Trainer-state offload: whether DeepSpeed's states are on the CPU now, whether the engine
+    # was checked for it, and the forward hook that refuses parameter reads meanwhile.
+    _trainer_state_offloaded = False
+    _offload_checked = False
+    _read_guard: Any = None
 
     def __init__(
         self,
@@ -85,8 +90,6 @@ class ColocatedVLLM(VLLMGeneration):
         self.deepspeed_engine: Callable[[], Any] = lambda: None
         self.next_generate: NextGenerate | None = None
         self._generation_index = 0
-        self._trainer_state_offloaded = False
-        self._warned_partial_offload = False
         self.offload_seconds = 0.0
         self.generate_seconds = 0.0
         trl_kwargs.update(
@@ -175,6 +178,8 @@ class ColocatedVLLM(VLLMGeneration):
         """All trainer weights into vLLM, bucketed: one gather and one `load_weights` call
         per bucket. Returns the bytes pushed. A collective under ZeRO-3: every rank calls it.
         (PEFT and FSDP are refused by the API, so no other layout reaches this.)"""
+        if self._trainer_state_offloaded:
+            raise TrainerStateOffloadedError("the weight push read the trainer's parameters while they were offloaded")
         nbytes = self._push_bucketed()
         # KV entries computed with the previous weights must not be reused.
         self.llm.reset_prefix_cache()
@@ -189,10 +194,11 @@ class ColocatedVLLM(VLLMGeneration):
         named, sizes, buckets = self._push_plan
         vllm_model = self._vllm_model()
         total = 0
+        view = not force_gather()
         for bucket in buckets:
             # Where this rank already holds a parameter whole (one-way ZeRO-3 partitions, or
             # no ZeRO-3 at all), hand vLLM that storage: an all-gather would only copy it.
-            local = {i: whole_tensor_without_gather(named[i][1]) for i in bucket}
+            local = {i: whole_tensor_without_gather(named[i][1]) if view else None for i in bucket}
             to_gather = [named[i][1] for i in bucket if local[i] is None]
             with self._dist.gather_params(to_gather) if to_gather else nullcontext():
                 vllm_model.load_weights(
@@ -215,6 +221,8 @@ class ColocatedVLLM(VLLMGeneration):
             raise ValueError("the engine was built without sleep mode; build it with a sleeping policy")
         version = self.weight_version()
         self.controller.prepare(self, version)
+        if policy is SleepPolicy.OFF:
+            self._reload_trainer_state()  # an engine that never sleeps would never bring it back
         self.controller = SleepController(
             policy, self.controller.costs, state=EngineState(held_version=version), agree=self._agree_max
         )
@@ -312,28 +320,20 @@ class ColocatedVLLM(VLLMGeneration):
         if not self.settings.offload_trainer_state or self._trainer_state_offloaded:
             return
         engine = self.deepspeed_engine()
-        if engine is None or getattr(engine, "optimizer", None) is None or not hasattr(engine, "offload_states"):
-            return
-        include = offload_scope(engine)
-        if include is not None and not self._warned_partial_offload:
-            self._warned_partial_offload = True
-            log.warning(
-                "offload_trainer_state: DeepSpeed offloads optimizer states and fp32 master weights only for "
-                'its own FusedAdam (an "optimizer" block in deepspeed.json); with %s only the bf16 '
-                "parameters and gradient buffers leave the GPU",
-                type(getattr(engine.optimizer, "optimizer", None)).__name__,
-            )
+        if not self._offload_checked:
+            check_trainer_state_offload(engine)
+            self._offload_checked = True
         start = time.perf_counter()
         # The push already ran; while vLLM holds the GPU these states wait in pinned CPU memory.
-        engine.offload_states(include=include, pin_memory=True, non_blocking=False)
+        # include=None: every state DeepSpeed can move for this engine (docs/sleep-policy.md).
+        engine.offload_states(pin_memory=True, non_blocking=False)
         self._trainer_state_offloaded = True
+        # While offloaded, DeepSpeed's partitions point at the wrong bytes of its CPU copy
+        # (module order against optimizer-group order) until reload_states maps them back.
+        self._read_guard = guard_parameter_reads(self.model)
         seconds = time.perf_counter() - start
         self.offload_seconds += seconds
-        log.info(
-            "trainer state offloaded to CPU in %.4fs (%s)",
-            seconds,
-            "all" if include is None else sorted(s.value for s in include),
-        )
+        log.info("trainer state offloaded to CPU in %.4fs (%s)", seconds, sorted(s.value for s in offloaded(engine)))
 
     def _reload_trainer_state(self) -> None:
         if not self._trainer_state_offloaded:
@@ -342,6 +342,9 @@ class ColocatedVLLM(VLLMGeneration):
         start = time.perf_counter()
         engine.reload_states(non_blocking=False)
         self._trainer_state_offloaded = False
+        if self._read_guard is not None:
+            self._read_guard.remove()
+            self._read_guard = None
         seconds = time.perf_counter() - start
         self.offload_seconds += seconds
         log.info("trainer state reloaded to GPU in %.4fs", seconds)
@@ -363,6 +366,15 @@ class ColocatedVLLM(VLLMGeneration):
         t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t.item())
+
+
+# Test-only: every parameter goes through the bucket's gather (`GatheredParameters` under ZeRO-3),
+# so a one-GPU run exercises the path multi-GPU jobs take (tests/gpu/drivers/run_on_device.sh).
+FORCE_GATHER_ENV = "COLOCGRPO_PUSH_FORCE_GATHER"
+
+
+def force_gather() -> bool:
+    return os.environ.get(FORCE_GATHER_ENV) == "1"
 
 
 def whole_tensor_without_gather(param: torch.Tensor) -> torch.Tensor | None:
@@ -387,24 +399,67 @@ def whole_tensor_without_gather(param: torch.Tensor) -> torch.Tensor | None:
     return part.data.narrow(0, 0, param.ds_numel).view(param.ds_shape)
 
 
-def offload_scope(engine: Any) -> Any:
-    """What `engine.offload_states` may move: None (everything) when ZeRO's inner optimizer is
-    DeepSpeed's FusedAdam, else the states DeepSpeed 0.19 can move for any optimizer (it
-    asserts FusedAdam for optimizer states and fp32 master weights)."""
-    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+class TrainerStateOffloadError(RuntimeError):
+    """`offload_trainer_state` asks for what this DeepSpeed engine cannot move."""
 
-    inner = getattr(getattr(engine, "optimizer", None), "optimizer", None)
-    try:
+
+class TrainerStateOffloadedError(RuntimeError):
+    """Something read the trainer's parameters between `offload_states` and `reload_states`."""
+
+
+def check_trainer_state_offload(engine: Any) -> None:
+    """Raise `TrainerStateOffloadError` unless DeepSpeed 0.19's `offload_states` can move this
+    engine's state: ZeRO-3, parameters on the GPU, and an optimizer that is either DeepSpeed's
+    FusedAdam (the `optimizer` block the operator renders) or offloaded to the CPU already. The
+    operator refuses the same specs (api/validation.py); this catches a hand-made deepspeed.json."""
+    field = "offload_trainer_state (spec.vllm.offloadTrainerState)"
+    if engine is None:
+        raise TrainerStateOffloadError(f"{field} needs a DeepSpeed engine; this trainer runs without DeepSpeed")
+    stage = engine.zero_optimization_stage()
+    if stage != 3:
+        raise TrainerStateOffloadError(
+            f"{field} needs ZeRO stage 3 (spec.deepspeed.zeroStage), this engine runs stage {stage}"
+        )
+    param_offload = engine.zero_offload_param()
+    if param_offload is not None and getattr(param_offload.device, "value", param_offload.device) != "none":
+        raise TrainerStateOffloadError(
+            f"{field} cannot be combined with parameter offload (spec.deepspeed.offloadParams): DeepSpeed "
+            "refuses to move the states of offloaded parameters"
+        )
+    optimizer = getattr(engine, "optimizer", None)
+    if optimizer is None or not hasattr(optimizer, "offload_states"):
+        raise TrainerStateOffloadError(
+            f"{field} needs a ZeRO-3 optimizer; this engine has {type(optimizer).__name__}, which cannot move states"
+        )
+    if not engine.zero_use_cpu_optimizer():
         from deepspeed.ops.adam.fused_adam import FusedAdam
-    except ImportError:  # pragma: no cover - DeepSpeed without its op sources
-        FusedAdam = None
-    if FusedAdam is not None and inner.__class__ is FusedAdam:
-        return None
-    return {
-        OffloadStateTypeEnum.lp_params,
-        OffloadStateTypeEnum.lp_grads,
-        OffloadStateTypeEnum.contiguous_grad_buffer,
-    }
+
+        inner = getattr(optimizer, "optimizer", None)
+        if inner.__class__ is not FusedAdam:
+            raise TrainerStateOffloadError(
+                f'{field} needs DeepSpeed\'s own AdamW (the "optimizer" block the operator renders into '
+                f"deepspeed.json): DeepSpeed 0.19 moves Adam moments and fp32 master weights only for its "
+                f"FusedAdam, and this engine trains with {type(inner).__name__}"
+            )
+
+
+def offloaded(engine: Any) -> set:
+    """The states DeepSpeed reports as offloaded (`offloaded_states` of its ZeRO optimizer)."""
+    return set(getattr(engine.optimizer, "offloaded_states", ()))
+
+
+def guard_parameter_reads(module: Any) -> Any:
+    """A forward pre-hook on the trainer model that raises while its state is offloaded: a
+    forward then would compute with wrong weights (or fail on CPU tensors) instead of saying so.
+    Returns the hook's handle; `.remove()` it after `reload_states`."""
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise TrainerStateOffloadedError(
+            "the trainer model ran a forward pass between offload_states and reload_states "
+            "(vllm.offloadTrainerState): its parameters were on the CPU, mapped in the wrong order"
+        )
+
+    return module.register_forward_pre_hook(refuse, prepend=True)
 
 
 def _env_int(name: str) -> int | None:
