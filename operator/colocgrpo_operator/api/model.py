@@ -170,7 +170,10 @@ class VLLMSpec(_Spec):
     enable_prefix_caching: bool = Field(default=True, description="vLLM automatic prefix caching.")
     max_num_seqs: int | None = Field(default=None, gt=0, description="vLLM's cap on concurrently scheduled sequences.")
     offload_trainer_state: bool = Field(
-        default=False, description="Move DeepSpeed optimizer state to CPU while vLLM generates."
+        default=False,
+        description="Move the ZeRO-3 trainer state (16-bit weights and gradients, fp32 master weights, Adam "
+        "moments) to pinned CPU memory while vLLM generates. Needs deepspeed.zeroStage 3 without offloadParams "
+        "and a sleeping sleepPolicy; trains with DeepSpeed's own AdamW.",
     )
 
 
