@@ -24,3 +24,44 @@ def machine_job(gpus: int = 1, offload_trainer_state: bool = False) -> Any:
     obj["spec"]["vllm"]["tensorParallelSize"] = 1
     obj["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
     return parse_job(obj)
+
+
+def completed_deepspeed_config(
+    model: Any,
+    *,
+    gpus: int = 8,
+    offload_trainer_state: bool = False,
+    accumulation: int = 1,
+    micro_batch: int = 1,
+    steps: int = 1,
+    learning_rate: float = 1e-4,
+    bf16: bool = True,
+) -> dict[str, Any]:
+    """deepspeed.json as the operator renders it for `machine_job(gpus, offload_trainer_state)`,
+    completed the way transformers completes it for a run (`HfTrainerDeepSpeedConfig`: the "auto"
+    values from TrainingArguments and the model), for drivers that build a DeepSpeed engine
+    themselves. With `gpus` > 1 a one-process run takes the code paths a multi-GPU job takes
+    (every large parameter released after use)."""
+    import copy
+    import tempfile
+
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+
+    from colocgrpo_operator.render import deepspeed_config
+
+    rendered = deepspeed_config(machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state))
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="colocgrpo-deepspeed-"),
+        bf16=bf16,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=learning_rate,
+        max_grad_norm=1.0,
+        report_to="none",
+    )
+    hf = HfTrainerDeepSpeedConfig(copy.deepcopy(rendered))
+    hf.trainer_config_process(args)
+    hf.trainer_config_finalize(args, model, num_training_steps=steps)
+    unset_hf_deepspeed_config()  # a ZeRO-3 config left registered would make from_pretrained partition
+    return hf.config

@@ -3,7 +3,10 @@ machine's own topology, so the GPU learning proof runs what a job of that shape 
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from gpu.drivers import learning_run
 
 
@@ -16,3 +19,27 @@ def test_launch_files_follow_the_machine_and_the_offload(tmp_path, gpus, offload
     assert accelerate["num_processes"] == gpus and accelerate["num_machines"] == 1
     threshold = deepspeed["zero_optimization"]["stage3_param_persistence_threshold"]
     assert threshold == (EVERY_PARAMETER if one_gpu_file else "auto")
+
+
+def test_render_gpus_gives_one_gpu_the_multi_gpu_layout(tmp_path):
+    deepspeed, accelerate, source = learning_run.launch_files(tmp_path, 1, render_gpus=8)
+    assert accelerate["num_processes"] == 1  # one process on this machine
+    assert deepspeed["zero_optimization"]["stage3_param_persistence_threshold"] == "auto"  # released after use
+    assert "rendered for 1 node x 8 GPUs" in source
+
+
+def test_offload_render_names_deepspeeds_adamw_and_the_reference_reuses_the_file(tmp_path):
+    main = tmp_path / "main"
+    main.mkdir()
+    learning_run.write_inputs(main, "auto", 3, {}, offload=True, dtype="bfloat16", render_gpus=8)
+    written = json.loads((main / "deepspeed.json").read_text())
+    assert written["optimizer"]["type"] == "AdamW"
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    _, source = learning_run.write_inputs(
+        reference, "off", 3, {}, offload=False, dtype="bfloat16", deepspeed_from=main / "deepspeed.json"
+    )
+    assert json.loads((reference / "deepspeed.json").read_text()) == written
+    config = yaml.safe_load((reference / "grpo.yaml").read_text())
+    assert config["vllm"]["offload_trainer_state"] is False and config["vllm"]["sleep_policy"] == "off"
+    assert "copied from main" in source

@@ -18,6 +18,10 @@ Environment:
   COLOCGRPO_INTEGRITY_SEEDS         schedule seeds per policy, default 11,12,13
   COLOCGRPO_INTEGRITY_MAX_STEPS     optimizer steps per schedule, default 5
   COLOCGRPO_INTEGRITY_DEVICE/_DTYPE  cuda/bfloat16; cpu/float32 for CPU dry runs with a vLLM stand-in
+  COLOCGRPO_INTEGRITY_ZERO3=1       the trainer model partitioned by DeepSpeed ZeRO-3 as an 8-GPU job's
+                                    deepspeed.json renders it (large parameters released after use);
+                                    with COLOCGRPO_PUSH_FORCE_GATHER=1 every push goes through the
+                                    bucket's GatheredParameters, the path of multi-GPU jobs
   COLOCGRPO_REQUIRE_GPU=1           fail instead of skipping when CUDA or vLLM is missing
 """
 
@@ -53,6 +57,7 @@ except ImportError as err:
 from support.integrity_checks import WeightVersions, chat_prompt_ids, max_margin  # noqa: E402 - after the skips
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
+ZERO3 = os.environ.get("COLOCGRPO_INTEGRITY_ZERO3") == "1"
 POLICIES = [p for p in os.environ.get("COLOCGRPO_INTEGRITY_POLICIES", "off,level1,level2,auto").split(",") if p]
 SEEDS = [int(s) for s in os.environ.get("COLOCGRPO_INTEGRITY_SEEDS", "11,12,13").split(",") if s]
 MAX_STEPS = int(os.environ.get("COLOCGRPO_INTEGRITY_MAX_STEPS", "5"))
@@ -91,8 +96,12 @@ def rig():
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(MODEL)
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=DTYPE).to(DEVICE).eval()
-    versions = WeightVersions(model)
-    accelerator = Accelerator()
+    gather = None
+    if ZERO3:
+        model, gather = zero3_partitioned(model)
+    accelerator = Accelerator()  # after: completing the DeepSpeed file resets accelerate's state
+    RESULTS.update(zero3=ZERO3, push_force_gather=os.environ.get("COLOCGRPO_PUSH_FORCE_GATHER") == "1")
+    versions = WeightVersions(model, gather=gather)
     start = time.perf_counter()
     engine = ColocatedVLLM(
         model,
@@ -109,9 +118,39 @@ def rig():
     )
     RESULTS["engine_build_seconds"] = time.perf_counter() - start
     engine.weight_version = lambda: versions.version
+    if ZERO3:
+        # TRL's backend reads the ZeRO stage from accelerate's DeepSpeed plugin, which this rig (a
+        # bare DeepSpeed engine, no launcher) has not: say it, so the push gathers.
+        engine._dist.zero_stage = 3
     prompt_ids = chat_prompt_ids(tok, PROMPTS)
     yield {"engine": engine, "model": model, "tok": tok, "prompts": prompt_ids, "versions": versions}
     _write_results()
+
+
+def zero3_partitioned(model):
+    """The model's parameters partitioned by a one-process DeepSpeed ZeRO-3 engine (no optimizer:
+    the suite moves weights itself) under an 8-GPU job's rendered zero_optimization section."""
+    import deepspeed
+
+    from bench.machine_job import completed_deepspeed_config
+    from support.zero3_states import single_process_env
+
+    if not torch.distributed.is_initialized():
+        os.environ.update(single_process_env())
+        deepspeed.init_distributed(dist_backend="nccl" if DEVICE == "cuda" else "gloo")
+    # In the suite's dtype (float32 in CPU dry runs): DeepSpeed would cast the model to bf16 otherwise.
+    config = completed_deepspeed_config(model, bf16=DTYPE is torch.bfloat16)
+    config.pop("optimizer", None)
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    params = list(engine.module.parameters())
+    released = sum(p.ds_tensor.numel() > 0 and p.data.numel() == 0 for p in params)
+    RESULTS["zero3_released_parameters"] = f"{released}/{len(params)}"
+    assert released > 0, "no parameter was released: the ZeRO-3 layout is not a multi-GPU one"
+
+    def gather(params, modify):
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
+
+    return engine.module.eval(), gather
 
 
 def drive(rig, policy: str, schedule_seed: int) -> dict:

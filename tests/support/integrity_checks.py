@@ -15,7 +15,8 @@ coherently and the previous version's completions miss the new arg-max by 5.0–
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 SIGMA = 0.1
@@ -61,15 +62,20 @@ def max_margin(model: Any, prompts: Sequence[Sequence[int]], completions: Sequen
 
 
 class WeightVersions:
-    """The trainer's weights as a sequence of versions around the loaded checkpoint."""
+    """The trainer's weights as a sequence of versions around the loaded checkpoint.
 
-    def __init__(self, model: Any, sigma: float = SIGMA) -> None:
+    `gather(params, modify)` is a context manager that makes partitioned parameters whole (and, with
+    `modify`, writes changes back into the partitions): `deepspeed.zero.GatheredParameters` for a
+    ZeRO-3 model, nothing (the default) for a plain one."""
+
+    def __init__(self, model: Any, sigma: float = SIGMA, gather: Callable[[list, bool], Any] | None = None) -> None:
         import torch
 
         self.model = model
         self.sigma = sigma
         self.version = 0
-        with torch.no_grad():
+        self.gather = gather or (lambda params, modify: contextlib.nullcontext())
+        with torch.no_grad(), self.gather(list(model.parameters()), False):
             self.base = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     def step(self) -> int:
@@ -79,7 +85,7 @@ class WeightVersions:
 
         self.version += 1
         gen = torch.Generator(device="cpu").manual_seed(1000 + self.version)
-        with torch.no_grad():
+        with torch.no_grad(), self.gather(list(self.model.parameters()), True):
             for name, param in self.model.named_parameters():
                 base = self.base[name]
                 scale = self.sigma * float(base.float().std()) if base.numel() > 1 else 0.0

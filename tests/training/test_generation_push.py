@@ -162,3 +162,39 @@ def test_push_source_without_gather_only_where_the_rank_holds_the_whole_tensor()
     if torch.cuda.is_available():  # the view itself: tests/gpu/test_push_path.py proves it under DeepSpeed
         one_way = _zero3_like(full.cuda(), world=1, device="cuda")
         assert torch.equal(whole_tensor_without_gather(one_way).cpu(), full)
+
+
+def test_force_gather_switch_sends_every_parameter_through_the_gather(monkeypatch):
+    """COLOCGRPO_PUSH_FORCE_GATHER=1 (test-only): the push never takes the no-gather view, so one GPU
+    runs the GatheredParameters path of multi-GPU jobs. Here every parameter "has" a view."""
+    from gpu.drivers import learning_run
+
+    from colocgrpo_training.generation import vllm_engine
+
+    assert learning_run.FORCE_GATHER_ENV == vllm_engine.FORCE_GATHER_ENV == "COLOCGRPO_PUSH_FORCE_GATHER"
+    source, target = tiny_llama(1), tiny_llama(2)
+    names = [n for n, _ in source.named_parameters()]
+
+    def pushed_through(force: bool) -> tuple[int, int]:
+        receiver = LoadWeightsReceiver(target)
+        engine, _ = make_engine(source, receiver, 10_000)
+        gathered, viewed = [], []
+        monkeypatch.setattr(vllm_engine, "whole_tensor_without_gather", lambda p: viewed.append(p) or p.data)
+        real_gather = engine._dist.gather_params
+
+        def gather_params(params):
+            gathered.extend(params)
+            return real_gather(params)
+
+        monkeypatch.setattr(engine._dist, "gather_params", gather_params)
+        if force:
+            monkeypatch.setenv(vllm_engine.FORCE_GATHER_ENV, "1")
+        else:
+            monkeypatch.delenv(vllm_engine.FORCE_GATHER_ENV, raising=False)
+        engine.push_weights()
+        for (name, a), b in zip(source.named_parameters(), target.parameters(), strict=False):
+            assert torch.equal(a, b), name
+        return len(gathered), len(viewed)
+
+    assert pushed_through(force=False) == (0, len(names))  # every parameter viewed, nothing gathered
+    assert pushed_through(force=True) == (len(names), 0)  # the switch: every parameter gathered

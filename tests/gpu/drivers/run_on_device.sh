@@ -8,6 +8,12 @@
 #   PARTS=push,bench ...                                     # + the push-source check (~1 min)
 #   PARTS=bench-large bash tests/gpu/drivers/run_on_device.sh        # the ~7B comparison (≤ 9 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
+# Trainer-state offload and the ZeRO-3 gather path, one call each (each ≤ 9 min alone):
+#   PARTS=offload            bit-identical offload round trips, freed memory = the plan (~3 min)
+#   PARTS=offload-memory     the large size: memory and utilization before/while/after the offload (~4 min)
+#   PARTS=offload-learning   30 steps with the offload against sleep off: log-prob difference within 5 % (~6 min)
+#   PARTS=gather-integrity   the integrity suite, ZeRO-3 model, every push gathered (~3 min)
+#   PARTS=gather-learning    30 level-2 steps, 8-GPU deepspeed.json on one GPU, pushes gathered (~5 min)
 #
 # Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
@@ -146,6 +152,53 @@ if [[ ",$PARTS," == *",bench-large,"* ]]; then
     ${BENCH_LARGE_CONTENDERS:+--contenders "$BENCH_LARGE_CONTENDERS"} --budget-seconds $(( left - 200 )) \
     --contender-timeout "${BENCH_LARGE_TIMEOUT:-260}" ${BENCH_LARGE_ARGS:-}
   [[ -f "$WORK/bench-large/bench.md" ]] && cat "$WORK/bench-large/bench.md" >>"$SUMMARY"
+fi
+
+# -- trainer-state offload and the ZeRO-3 gather path: one call each (each part fits 560 s alone) --
+learning_verdict() {  # learning_verdict NAME: the learning run's verdict line into the summary
+  [[ -f "$WORK/$1/learning_run.json" ]] && "$PY" -c 'import json,sys; print(sys.argv[2], "verdict:", json.dumps(json.load(open(sys.argv[1]))["verdict"]))' \
+    "$WORK/$1/learning_run.json" "$1" >>"$SUMMARY" 2>&1
+}
+if [[ ",$PARTS," == *",offload,"* ]]; then
+  # Bit-identical offload round trips with the rendered DeepSpeed AdamW (one inside gradient
+  # accumulation), memory freed = the planner's credit, reads refused while offloaded (~3 min;
+  # the first FusedAdam use JIT-compiles it).
+  mkdir -p "$WORK/offload"
+  COLOCGRPO_RESULTS_DIR="$WORK/offload" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}" run_part offload 420 \
+    "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_trainer_state_offload.py
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/offload.log" | tail -4 >>"$SUMMARY"
+fi
+if [[ ",$PARTS," == *",offload-memory,"* ]]; then
+  # The large size (~7B on an H200, smaller if the host cannot pin its state): memory allocated and
+  # free before / while / after the offload, the utilization it allows, against the plan (~4 min).
+  run_part offload-memory 480 "$PY" -m bench.offload_memory --out "$WORK/offload-memory" ${OFFLOAD_MEMORY_ARGS:-}
+  [[ -f "$WORK/offload-memory/offload_memory.md" ]] && cat "$WORK/offload-memory/offload_memory.md" >>"$SUMMARY"
+fi
+if [[ ",$PARTS," == *",offload-learning,"* ]]; then
+  # 30 steps with the trainer state offloaded (auto) against a sleep-off reference under the same
+  # deepspeed.json (DeepSpeed's AdamW): log-prob difference within 5 % of the reference's (~6 min).
+  run_part offload-learning 520 "$PY" tests/gpu/drivers/learning_run.py --out "$WORK/offload-learning" \
+    --policy auto --offload-trainer-state --steps 30 --reference-steps 30 --logp-only --logp-rel-tol 0.05 \
+    --logp-abs-tol 0 --startup-seconds 230 --seconds-per-step 2.5 ${LEARN_ARGS:-}
+  learning_verdict offload-learning
+fi
+if [[ ",$PARTS," == *",gather-integrity,"* ]]; then
+  # The integrity suite on a ZeRO-3-partitioned trainer model (an 8-GPU job's layout) with every push
+  # through GatheredParameters, the multi-GPU path, on one GPU (~3 min: two policies, two schedules).
+  mkdir -p "$WORK/gather-integrity"
+  COLOCGRPO_INTEGRITY_ZERO3=1 COLOCGRPO_PUSH_FORCE_GATHER=1 COLOCGRPO_RESULTS_DIR="$WORK/gather-integrity" \
+    COLOCGRPO_INTEGRITY_POLICIES="${GATHER_POLICIES:-level2,auto}" COLOCGRPO_INTEGRITY_SEEDS="${GATHER_SEEDS:-11,12}" \
+    COLOCGRPO_INTEGRITY_MAX_STEPS=5 COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}" run_part gather-integrity 400 \
+    "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gather-integrity.log" | tail -6 >>"$SUMMARY"
+fi
+if [[ ",$PARTS," == *",gather-learning,"* ]]; then
+  # 30 level-2 steps under the 8-GPU deepspeed.json on one GPU, every push gathered, against a
+  # sleep-off reference (same file, same switch): log-prob difference within 5 % (~5 min).
+  run_part gather-learning 500 "$PY" tests/gpu/drivers/learning_run.py --out "$WORK/gather-learning" \
+    --policy level2 --render-gpus 8 --force-gather --steps 30 --reference-steps 30 --logp-only --logp-rel-tol 0.05 \
+    --logp-abs-tol 0 --startup-seconds 170 --seconds-per-step 2.5 ${LEARN_ARGS:-}
+  learning_verdict gather-learning
 fi
 
 # -- what comes back: one tarball of the small files, the summary, the part logs -------------
