@@ -70,6 +70,7 @@ cluster-bin: dev-venv
 
 crd: dev-venv
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd > charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml
+	"$(DEV_PY)" -m colocgrpo_operator.cli crd --helm-template > charts/colocgrpo-crds/templates/colocgrpojobs.colocgrpo.io.yaml
 
 lint: dev-venv
 	"$(DEV_VENV)/bin/ruff" check .

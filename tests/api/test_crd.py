@@ -30,6 +30,14 @@ def test_committed_crd_is_the_generated_one():
     assert yaml.safe_load(COMMITTED.read_text()) == generate_crd()
 
 
+def test_committed_crd_chart_template_is_the_generated_one():
+    template = REPO / "charts/colocgrpo-crds/templates/colocgrpojobs.colocgrpo.io.yaml"
+    assert template.read_text() == crd_yaml(helm_template=True), "run `make crd` and commit the result"
+    crd = yaml.safe_load(template.read_text())
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert crd == generate_crd()
+
+
 def test_identity_and_subresources(crd):
     spec = crd["spec"]
     assert crd["metadata"]["name"] == "colocgrpojobs.colocgrpo.io"

@@ -391,7 +391,9 @@ def test_notes_tell_how_to_submit_and_watch(helm):
     assert "kubectl -n default apply -f" in notes
     assert "get cgj -w" in notes
     assert "wait --for=condition=Succeeded cgj/NAME" in notes
-    assert "kubectl apply --server-side -f charts/colocgrpo-operator/crds/" in notes
+    # Without a cluster to look the CRD up in, the notes give both ways of upgrading it.
+    assert "kubectl apply --server-side --force-conflicts -f charts/colocgrpo-operator/crds/" in notes
+    assert "helm install colocgrpo-crds charts/colocgrpo-crds -n ops --take-ownership" in notes
 
 
 @pytest.mark.parametrize(

@@ -76,5 +76,8 @@ def test_chart_versions_and_default_images_match_the_code():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == version == colocgrpo_operator.__version__
+    # The CRD chart is released with the operator chart (one CRD, generated from one model).
+    crds = yaml.safe_load((REPO / "charts" / "colocgrpo-crds" / "Chart.yaml").read_text())
+    assert (crds["version"], crds["appVersion"]) == (chart["version"], chart["appVersion"])
     assert VALUES["trainerImage"] == DEFAULT_TRAINER_IMAGE
     assert VALUES["trainerImage"].endswith(f":{version}")

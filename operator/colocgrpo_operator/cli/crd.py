@@ -16,6 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reference", action="store_true", help="print the Markdown field reference (docs/api.md) instead"
     )
+    parser.add_argument(
+        "--helm-template",
+        action="store_true",
+        help="print it as the template of the colocgrpo-crds chart (kept on helm uninstall)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -27,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from colocgrpo_operator.api.crd import crd_yaml
 
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(crd_yaml(helm_template=args.helm_template))
     return 0
