@@ -226,7 +226,14 @@ def state_checksums(engine) -> dict[str, list[str]]:
         "optim_states": moments,
     }
     # repr: a NaN equals itself here, as it should for "nothing changed"
-    return {name: [repr(float(t.double().sum())) for t in tensors] for name, tensors in buffers.items()}
+    return {name: [repr(_float64_sum(t)) for t in tensors] for name, tensors in buffers.items()}
+
+
+def _float64_sum(tensor, chunk: int = 1 << 28) -> float:
+    """The float64 sum of a (flat) buffer, a chunk at a time: a float64 copy of a 7B-element buffer
+    would need tens of GiB of device memory."""
+    flat = tensor.reshape(-1)
+    return sum(float(flat[i : i + chunk].double().sum()) for i in range(0, flat.numel(), chunk))
 
 
 def report(r: dict) -> list[str]:
