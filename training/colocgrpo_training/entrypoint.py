@@ -15,6 +15,7 @@ import traceback
 from pydantic import ValidationError
 
 from colocgrpo_training.config import TrainerConfig
+from colocgrpo_training.cuda_arch import make_arch_list_deepspeed_readable
 from colocgrpo_training.failures import InvalidConfigError, classify, write_termination_message
 
 
@@ -53,6 +54,9 @@ def run(config_path: str) -> int:
 
     termination = TerminationRequest()
     termination.install()
+    arch_list = make_arch_list_deepspeed_readable()
+    if arch_list is not None:
+        logging.getLogger(__name__).info("TORCH_CUDA_ARCH_LIST set to %s for DeepSpeed's op builds", arch_list)
     try:
         config = load_config(config_path)
         from colocgrpo_training.grpo_run import run_grpo  # heavy: torch, transformers, trl

@@ -45,6 +45,12 @@ export PYTHONPATH="$REPO:$REPO/operator:$REPO/training:${PYTHONPATH:-}"
 export COLOCGRPO_TEST_MODEL="${COLOCGRPO_TEST_MODEL:-/tmp/models/smollm2-135m-instruct}"
 # Required: flashinfer is not carried (vLLM's LLM() fails without it); no NVLink multicast.
 export VLLM_USE_FLASHINFER_SAMPLER=0 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_NO_USAGE_STATS=1
+# DeepSpeed 0.19's op builder cannot parse suffixed targets such as 9.0a (colocgrpo_training/cuda_arch.py);
+# the tests that build FusedAdam in their own process need the readable value too.
+if [[ -n "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+  TORCH_CUDA_ARCH_LIST=$(python3 -c 'import sys; from colocgrpo_training.cuda_arch import deepspeed_readable as r; print(r(sys.argv[1]))' "$TORCH_CUDA_ARCH_LIST")
+  export TORCH_CUDA_ARCH_LIST
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_DATASETS_CACHE="$WORK/hf-datasets"
