@@ -67,6 +67,7 @@ trainer-venv: $(TRAINER_STAMP)
 
 cluster-bin: dev-venv
 	bash tests/cluster/build.sh
+	bash tests/cluster/build-kueue.sh
 
 crd: dev-venv
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd > charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml
