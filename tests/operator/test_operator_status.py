@@ -369,9 +369,118 @@ def test_kueue_queued_and_never_resumed_by_the_operator():
     assert cond(admitted.status, "Queued")["status"] == "False"
 
 
-def test_kueue_job_can_still_be_suspended_by_the_user():
+def test_a_kueue_job_suspended_by_the_user_loses_its_job_not_just_its_pods():
+    # Kueue unsuspends a suspended Job whose Workload is admitted: the Job is deleted instead.
     facts = RunFacts(nodes=2, queue_name="gpu-queue", suspend=True)
-    assert assess(facts, batch_job(), [pod(0), pod(1)], None, NOW).action is Action.SUSPEND_JOB
+    running = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)
+    assert running.action is Action.STOP_JOB
+    assert running.phase == "Suspended"
+    assert "Kueue releases its quota" in running.status["message"]
+    queued = assess(facts, batch_job(suspend=True), [], None, NOW)
+    assert queued.action is Action.STOP_JOB
+    going = assess(facts, batch_job(suspend=True, deleting=True), [], running.status, NOW)
+    assert (going.phase, going.action) == ("Suspended", Action.NONE)
+    gone = assess(facts, None, [], going.status, NOW)
+    assert (gone.phase, gone.action) == ("Suspended", Action.NONE)  # no Job is created while suspended
+    assert cond(gone.status, "Suspended")["status"] == "True"
+    resumed = assess(RunFacts(nodes=2, queue_name="gpu-queue"), None, [], gone.status, NOW)
+    assert resumed.action is Action.CREATE_JOB
+
+
+def kueue_job(queue_label: str | None = None, **kwargs: Any) -> dict:
+    job = batch_job(suspend=True, **kwargs)
+    if queue_label:
+        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue_label}
+    return job
+
+
+def workload(*conditions: tuple[str, str, str, str], owner: str = JOB_UID, cluster_queue: str | None = None) -> dict:
+    view: dict[str, Any] = {
+        "metadata": {"name": f"job-demo-{owner[-5:]}", "ownerReferences": [{"uid": owner, "kind": "Job"}]},
+        "status": {
+            "conditions": [dict(zip(("type", "status", "reason", "message"), c, strict=True)) for c in conditions]
+        },
+    }
+    if cluster_queue:
+        view["status"]["admission"] = {"clusterQueue": cluster_queue}
+    return view
+
+
+def queued_condition(facts: RunFacts, *workloads: dict, previous: dict | None = None) -> dict:
+    return cond(assess(facts, kueue_job(), [], previous, NOW, workloads=list(workloads)).status, "Queued")
+
+
+def test_kueue_queued_says_why_from_the_workload():
+    facts = RunFacts(nodes=2, queue_name="gpu-queue")
+    assert queued_condition(facts)["reason"] == "WaitingForWorkload"
+    # A predecessor's Workload is not this Job's.
+    assert queued_condition(facts, workload(owner="old-job"))["reason"] == "WaitingForWorkload"
+    assert queued_condition(facts, workload())["reason"] == "WaitingForScheduling"
+    quota = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor gpu"
+    pending = assess(
+        facts, kueue_job(), [], None, NOW, workloads=[workload(("QuotaReserved", "False", "Pending", quota))]
+    )
+    queued = cond(pending.status, "Queued")
+    assert (queued["status"], queued["reason"]) == ("True", "WaitingForQuota")
+    assert quota in queued["message"] and "job-demo-uid-1" in queued["message"]
+    assert pending.status["message"].startswith("queued in Kueue queue gpu-queue: ")
+    missing = workload(("QuotaReserved", "False", "Inadmissible", "LocalQueue gpu-queue doesn't exist"))
+    assert queued_condition(facts, missing)["reason"] == "Inadmissible"
+    checks = queued_condition(facts, workload(("QuotaReserved", "True", "QuotaReserved", ""), cluster_queue="cq"))
+    assert checks["reason"] == "WaitingForAdmissionChecks" and "cq" in checks["message"]
+
+
+def test_kueue_preemption_queues_again_and_says_so():
+    facts = RunFacts(nodes=2, queue_name="gpu-queue")
+    running = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)
+    preempted = workload(
+        ("Evicted", "True", "Preempted", "Preempted to accommodate a workload (UID: x) due to prioritization"),
+        ("QuotaReserved", "False", "Pending", "Preempted to accommodate a workload (UID: x) due to prioritization"),
+    )
+    # Kueue suspends the Job: its pods go, and that is no failure.
+    result = assess(facts, kueue_job(), [failed(0), failed(1)], running.status, NOW, workloads=[preempted])
+    assert result.phase == "Queued"
+    assert result.action is Action.NONE
+    assert result.status.get("restarts", 0) == 0
+    queued = cond(result.status, "Queued")
+    assert queued["reason"] == "Evicted"
+    assert "evicted (Preempted): Preempted to accommodate" in queued["message"]
+    assert result.status["message"].startswith("queued again in Kueue queue gpu-queue: ")
+
+
+def test_kueue_requeue_after_a_gang_restart_is_said_plainly():
+    facts = RunFacts(nodes=2, queue_name="gpu-queue")
+    previous = {
+        "phase": "Restarting",
+        "startTime": "2026-01-02T03:00:00Z",
+        "restarts": 1,
+        "lastFailure": {"reason": "Error", "message": "boom", "jobUid": "old-job"},
+    }
+    pending = workload(("QuotaReserved", "False", "Pending", "insufficient unused quota"))
+    result = assess(facts, kueue_job(), [], previous, NOW, workloads=[pending])
+    assert result.phase == "Queued"
+    assert result.status["message"].startswith("queued again after the gang restart in Kueue queue gpu-queue")
+
+
+def test_a_new_job_waits_until_the_previous_jobs_workload_is_gone():
+    # Kueue matches Workloads to Jobs by name: the replacement would inherit the old admission.
+    facts = RunFacts(nodes=2, queue_name="gpu-queue")
+    previous = {"phase": "Restarting", "lastFailure": {"reason": "Error", "message": "boom", "jobUid": "old-job"}}
+    old = workload(("Admitted", "True", "Admitted", ""), owner="old-job")
+    waiting = assess(facts, None, [], previous, NOW, workloads=[old])
+    assert (waiting.phase, waiting.action) == ("Restarting", Action.NONE)
+    assert cond(waiting.status, "Running")["reason"] == "WaitingForWorkloadDeletion"
+    assert old["metadata"]["name"] in waiting.status["message"]
+    assert assess(facts, None, [], waiting.status, NOW, workloads=[]).action is Action.CREATE_JOB
+
+
+def test_a_queue_label_from_kueues_default_local_queue_makes_the_job_kueues():
+    # No spec.scheduling.queueName, but Kueue's webhook labelled and suspended the Job: never resume it.
+    result = assess(RunFacts(nodes=2), kueue_job(queue_label="default"), [], None, NOW)
+    assert result.phase == "Queued"
+    assert result.action is Action.NONE
+    suspended = assess(RunFacts(nodes=2, suspend=True), kueue_job(queue_label="default"), [], None, NOW)
+    assert suspended.action is Action.STOP_JOB
 
 
 def test_suspended_job_pods_are_not_failures():

@@ -268,6 +268,15 @@ def test_suspend_and_kueue_queue_propagate():
     queued = children_by_kind(load_example("seed-qwen14b-tp4.yaml", scheduling={"queueName": "gpu-queue"}))["Job"]
     assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert queued["spec"]["suspend"] is True  # Kueue admits by unsuspending
+    assert "kueue.x-k8s.io/priority-class" not in queued["metadata"]["labels"]
+    prioritized = children_by_kind(
+        load_example(
+            "seed-qwen14b-tp4.yaml", scheduling={"queueName": "gpu-queue", "workloadPriorityClassName": "high"}
+        )
+    )["Job"]
+    assert prioritized["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    # The Workload's priority class is Kueue's, not the pods' PriorityClass.
+    assert "priorityClassName" not in prioritized["spec"]["template"]["spec"]
 
 
 def test_scheduling_pod_template_and_deadline_overrides():

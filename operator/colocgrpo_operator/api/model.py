@@ -258,9 +258,18 @@ class SchedulingSpec(_Spec):
     affinity: Annotated[dict[str, Any] | None, _free_form("A core/v1 Affinity.")] = Field(
         default=None, description="Pod affinity (core/v1 Affinity)."
     )
-    priority_class_name: DnsName | None = Field(default=None, description="Pod priorityClassName.")
+    priority_class_name: DnsName | None = Field(
+        default=None,
+        description="Pod priorityClassName (Kueue also takes the Workload's priority from it, when no "
+        "workloadPriorityClassName is set).",
+    )
     queue_name: DnsName | None = Field(
         default=None, description="Kueue LocalQueue: labels the Job and creates it suspended for Kueue to admit."
+    )
+    workload_priority_class_name: DnsName | None = Field(
+        default=None,
+        description="Kueue WorkloadPriorityClass: the Job's kueue.x-k8s.io/priority-class label, which sets the "
+        "Workload's priority for queueing and preemption (not the pods' priority).",
     )
 
 

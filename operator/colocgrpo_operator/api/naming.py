@@ -20,6 +20,8 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 JOB_NAME_LABEL = f"{GROUP}/job-name"
 # Kueue picks up batch/v1 Jobs carrying this label (and creating them suspended).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# ...and sets the Workload's priority from the WorkloadPriorityClass this label names.
+KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 # The Job controller puts each pod's completion index (= node rank) in a label and an annotation
 # of this name (and in env JOB_COMPLETION_INDEX).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"

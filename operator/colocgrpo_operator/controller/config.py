@@ -28,7 +28,7 @@ FLAGS = {
 }
 
 # kopf's HTTP session bound (see `OperatorConfig.kopf_connection_limit`).
-WATCH_CONNECTIONS_PER_NAMESPACE = 4  # ColocGRPOJobs, Jobs, pods, and a spare
+WATCH_CONNECTIONS_PER_NAMESPACE = 5  # ColocGRPOJobs, Jobs, pods, Kueue Workloads, and a spare
 OBSERVER_CONNECTIONS = 2  # kopf's CRD and namespace observers
 _GLOB_CHARACTERS = "*?[!"
 

@@ -8,6 +8,9 @@ stream per kind (server-side filtered by the `colocgrpo.io/job-name` label):
 ColocGRPOJobs by (namespace, name), their batch Jobs and their pods by the same key.
 Any event of a Job or pod re-reconciles the job it belongs to; one operator-wide re-check
 loop (controller/housekeeping.py) covers stall detection and anything a dropped watch missed.
+Where Kueue is installed, a fourth index holds the Workloads of batch Jobs (Kueue's objects carry
+no label of ours), so a queued job's status can say why Kueue has not admitted it; without
+Kueue's CRD, kopf serves that resource once the CRD appears.
 """
 
 from __future__ import annotations
@@ -26,9 +29,14 @@ from colocgrpo_operator.controller.snapshots import (
     job_resource_snapshot,
     pack,
     pod_snapshot,
+    workload_owner_job,
+    workload_snapshot,
 )
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+# No version: kopf serves the preferred one (v1beta2 since Kueue 0.15, v1beta1 before); the fields
+# read (owner, conditions) are the same in both.
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "workloads")
 CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
 
 
@@ -60,6 +68,14 @@ async def batch_jobs_by_owner(
 async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, str]:
     """Every pod labelled with a job's name, packed, by that job's key."""
     return {(namespace, labels[JOB_NAME_LABEL]): pack(pod_snapshot(body))}
+
+
+@kopf.index(*KUEUE_WORKLOADS)
+async def workloads_by_job(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, str] | None:
+    """Kueue's Workloads of batch Jobs, packed, by (namespace, the Job's name): our Jobs are
+    named after their job, and Kueue matches Workloads to Jobs by that name too."""
+    owner = workload_owner_job(body)
+    return {(namespace, owner): pack(workload_snapshot(body))} if owner else None
 
 
 # ----------------------------------------------------------------------------- the job itself
@@ -121,6 +137,17 @@ async def child_changed(
     if not has_view(runtime.indices.jobs, key):
         return  # an orphan, or a job being deleted: garbage collection handles it
     runtime.reconciler.reconcile_soon(key, runtime.indices.reader(key), trigger="child")
+
+
+@kopf.on.event(*KUEUE_WORKLOADS)
+async def workload_changed(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Kueue changed (or deleted) a Workload: if it belongs to one of our Jobs, re-derive that
+    job's status, in a task of its own like child_changed."""
+    key = (namespace, workload_owner_job(body) or "")
+    runtime = runtime_of(memo)
+    if not has_view(runtime.indices.jobs, key):
+        return  # not one of ours
+    runtime.reconciler.reconcile_soon(key, runtime.indices.reader(key), trigger="workload")
 
 
 @kopf.on.event(*RESOURCE)

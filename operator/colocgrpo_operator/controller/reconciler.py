@@ -33,8 +33,9 @@ from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERROR
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, unpack
 
 Key = tuple[str, str]  # (namespace, name)
-# (the ColocGRPOJob, its batch Job, the Job's pods) as the indices hold them now
-Inputs = tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]
+# (the ColocGRPOJob, its batch Job, the Job's pods, the Kueue Workloads of Jobs of its name) as the
+# indices hold them now
+Inputs = tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
@@ -274,12 +275,12 @@ class Reconciler:
         async with lock:
             if not ensure_children:
                 self._queued.discard(key)
-            cr, job, pods = read_inputs()
+            cr, job, pods, workloads = read_inputs()
             if fresh_cr is not None:
                 cr = fresh_cr
             started = time.perf_counter()
             try:
-                await self._reconcile_locked(key, cr, job, pods, ensure_children=ensure_children)
+                await self._reconcile_locked(key, cr, job, pods, workloads, ensure_children=ensure_children)
             except Exception:
                 RECONCILE_ERRORS.labels(trigger=trigger).inc()
                 raise
@@ -292,6 +293,7 @@ class Reconciler:
         cr: dict[str, Any] | None,
         job: dict[str, Any] | None,
         pods: list[dict[str, Any]],
+        workloads: list[dict[str, Any]],
         *,
         ensure_children: bool,
     ) -> None:
@@ -316,7 +318,7 @@ class Reconciler:
             return
         try:
             await self._reconcile_valid(
-                key, cr, job, pods, parsed, previous, progress, now, ensure_children=ensure_children
+                key, cr, job, pods, workloads, parsed, previous, progress, now, ensure_children=ensure_children
             )
         finally:
             parsed.release()  # see ParsedSpec
@@ -327,6 +329,7 @@ class Reconciler:
         cr: dict[str, Any],
         job: dict[str, Any] | None,
         pods: list[dict[str, Any]],
+        workloads: list[dict[str, Any]],
         parsed: ParsedSpec,
         previous: dict[str, Any],
         progress: Any,
@@ -342,7 +345,7 @@ class Reconciler:
             job = None
 
         def decide(batch_job: dict[str, Any] | None) -> tuple[derive.Assessment, dict[str, Any]]:
-            assessment = derive.assess(parsed.facts, batch_job, pods, previous, now, progress)
+            assessment = derive.assess(parsed.facts, batch_job, pods, previous, now, progress, workloads)
             desired = assessment.status
             if parsed.plan_warning is not None:
                 warn, reason, message = parsed.plan_warning
@@ -387,6 +390,10 @@ class Reconciler:
             if deleted and assessment.failure is not None:
                 GANG_RESTARTS.labels(counted=str(assessment.failure.counted).lower()).inc()
                 self.logger.warning("gang restart after %s: %s", assessment.failure.reason, assessment.failure.message)
+        elif action is derive.Action.STOP_JOB and job is not None:
+            uid = (job.get("metadata") or {}).get("uid")
+            if await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid):
+                self.logger.info("deleted the Kueue-managed Job of suspended %s/%s", *key)
         elif action in (derive.Action.SUSPEND_JOB, derive.Action.RESUME_JOB):
             await self._blocking(self.kube.patch_job_suspend, key[0], key[1], action is derive.Action.SUSPEND_JOB)
 

@@ -29,17 +29,23 @@ from colocgrpo_operator.controller.snapshots import all_views, first_view
 
 
 class JobIndices(NamedTuple):
-    """kopf's three in-memory indices (declared in controller/handlers.py). Live: kopf updates
+    """kopf's four in-memory indices (declared in controller/handlers.py). Live: kopf updates
     them as watch events arrive, so reading one key twice may give two answers."""
 
     jobs: kopf.Index[Key, str]  # ColocGRPOJobs by (namespace, name)
     batch_jobs: kopf.Index[Key, str]  # the gang's batch Job by its job's key
     pods: kopf.Index[Key, str]  # the gang's pods by their job's key
+    workloads: kopf.Index[Key, str]  # Kueue's Workloads of batch Jobs, by the Job's name (empty without Kueue)
 
     def read(self, key: Key) -> Inputs:
         """One job's inputs as the indices hold them now, decoded. Call it on the event loop
         (kopf updates the indices there), so they cannot change while it decodes them."""
-        return first_view(self.jobs, key), first_view(self.batch_jobs, key), all_views(self.pods, key)
+        return (
+            first_view(self.jobs, key),
+            first_view(self.batch_jobs, key),
+            all_views(self.pods, key),
+            all_views(self.workloads, key),
+        )
 
     def reader(self, key: Key) -> Callable[[], Inputs]:
         """`read` of that key, for when the reconciler has the job's lock."""

@@ -20,7 +20,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from colocgrpo_operator.api.naming import COMPLETION_INDEX_KEY, GPU_MEMORY_ANNOTATION, OPERATOR_ANNOTATION_PREFIX
+from colocgrpo_operator.api.naming import (
+    COMPLETION_INDEX_KEY,
+    GPU_MEMORY_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    OPERATOR_ANNOTATION_PREFIX,
+)
 
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
 
@@ -62,9 +67,13 @@ def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def batch_job_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
+    # The queue label tells whether Kueue admits the Job (its webhook may have put it there).
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == KUEUE_QUEUE_LABEL}
     return {
         "metadata": dict(
-            _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")), ownerReferences=_owner_uids(meta)
+            _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
+            labels=labels,
+            ownerReferences=_owner_uids(meta),
         ),
         "spec": _pick(body.get("spec"), ("suspend", "completions", "parallelism")),
         "status": _pick(
@@ -88,6 +97,34 @@ def pod_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
             ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses"),
         ),
     }
+
+
+def workload_owner_job(body: Mapping[str, Any]) -> str | None:
+    """The name of the batch/v1 Job a Kueue Workload belongs to (None for any other Workload)."""
+    for owner in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(owner, Mapping) and owner.get("kind") == "Job" and owner.get("apiVersion") == "batch/v1":
+            name = owner.get("name")
+            return name if isinstance(name, str) else None
+    return None
+
+
+def workload_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Kueue Workload: whose it is, and its admission conditions (the reason a Job waits)."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    conditions = [
+        _pick(c, ("type", "status", "reason", "message"))
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") in ("QuotaReserved", "Admitted", "Evicted")
+    ]
+    view: dict[str, Any] = {
+        "metadata": dict(_pick(meta, ("name", "uid", "deletionTimestamp")), ownerReferences=_owner_uids(meta)),
+        "status": {"conditions": conditions},
+    }
+    cluster_queue = (status.get("admission") or {}).get("clusterQueue")
+    if cluster_queue:
+        view["status"]["admission"] = {"clusterQueue": cluster_queue}
+    return view
 
 
 def pack(view: Mapping[str, Any]) -> str:

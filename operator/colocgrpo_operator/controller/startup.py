@@ -90,11 +90,12 @@ async def start(
     jobs_by_name: kopf.Index[Key, str],
     batch_jobs_by_owner: kopf.Index[Key, str],
     pods_by_owner: kopf.Index[Key, str],
+    workloads_by_job: kopf.Index[Key, str],
     **_: Any,
 ) -> None:
     """Apply the kopf settings and build the `OperatorRuntime` into `memo.runtime`.
 
-    The three indices are handlers.py's, passed by kopf under their function names; empty now,
+    The four indices are handlers.py's, passed by kopf under their function names; empty now,
     they fill as the watches start. A missing or unusable kubeconfig stops the operator here
     (retrying cannot fix it).
     """
@@ -103,7 +104,7 @@ async def start(
     memo.runtime = OperatorRuntime.open(
         config,
         credentials=_credentials(config),
-        indices=JobIndices(jobs_by_name, batch_jobs_by_owner, pods_by_owner),
+        indices=JobIndices(jobs_by_name, batch_jobs_by_owner, pods_by_owner, workloads_by_job),
         executor=settings.execution.executor,
         logger=logging.getLogger("colocgrpo.operator"),
     )

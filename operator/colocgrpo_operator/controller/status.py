@@ -20,6 +20,7 @@ from typing import Any
 from colocgrpo_operator.api import Phase
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.failures import Failure, classify_failure
+from colocgrpo_operator.controller.kueue import SUSPEND_MESSAGE, kueue_queue, kueue_wait, workload_of
 from colocgrpo_operator.controller.objects import (
     completion_index,
     dig,
@@ -69,6 +70,7 @@ class Action(enum.StrEnum):
     RESTART_GANG = "RestartGang"  # delete the failed Job (its pods go with it); recreated once gone
     SUSPEND_JOB = "SuspendJob"  # set the Job's spec.suspend to true
     RESUME_JOB = "ResumeJob"  # set it to false (never when Kueue manages admission)
+    STOP_JOB = "StopJob"  # delete a Kueue-managed Job the user suspended (see assess)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,21 +161,13 @@ class _StatusBuilder:
         *,
         failed_reason: str | None = None,
         stalled: ConditionState | None = None,
+        queued: ConditionState | None = None,
     ) -> Assessment:
-        """The status in `phase` with its summary `message`, every condition set to agree."""
+        """The status in `phase` with its summary `message`, every condition set to agree
+        (`queued`: the Queued condition of a QUEUED phase, which says why)."""
         facts = self.facts
         self._set("Running", running)
-        queued = phase == QUEUED
-        self._set(
-            "Queued",
-            (
-                queued,
-                "WaitingForAdmission" if queued else "NotQueued",
-                f"waiting for Kueue queue {facts.queue_name} to admit the job"
-                if queued
-                else "not waiting for admission",
-            ),
-        )
+        self._set("Queued", queued if phase == QUEUED and queued else (False, "NotQueued", "not waiting for admission"))
         suspended = phase == SUSPENDED
         self._set(
             "Suspended",
@@ -227,12 +221,14 @@ def assess(
     previous: dict[str, Any] | None,
     now: datetime,
     progress: dict[str, Any] | None = None,
+    workloads: list[dict[str, Any]] | None = None,
 ) -> Assessment:
     """Derive the status (without progress) and the operator's next action.
 
     `job` is the batch/v1 Job named after the ColocGRPOJob (None when absent), `pods` every
     pod labelled with the job's name (pods of older Jobs are filtered out here), `previous`
-    the current status, `progress` the trainer's status.progress (for stall detection).
+    the current status, `progress` the trainer's status.progress (for stall detection),
+    `workloads` Kueue's Workloads of batch Jobs of the job's name (of this Job or older ones).
     """
     base = _carry_over(previous)
     prev_phase = base.get("phase")
@@ -264,6 +260,9 @@ def assess(
     )
 
     if job is None or dig(job, "metadata", "deletionTimestamp"):
+        if facts.suspend and kueue_queue(facts.queue_name, job):
+            # A Kueue-managed job is suspended by having no Job (see below); none is created.
+            return status.build(SUSPENDED, SUSPEND_MESSAGE, (False, "Suspended", "the job is suspended"))
         if job is None:
             if remaining_deadline(facts, base, now) == 0:
                 message = (
@@ -274,6 +273,14 @@ def assess(
                 return status.build(
                     FAILED, message, (False, "DeadlineExceeded", message), failed_reason="DeadlineExceeded"
                 )
+            # Kueue matches Workloads to Jobs by the Job's name: a new Job created while the previous
+            # Job's Workload still exists would run on that Workload's admission until the garbage
+            # collector deletes it, and then be stopped. So the new Job waits for it to go.
+            leftover = next((w for w in workloads or [] if isinstance(w, dict)), None)
+            if leftover is not None:
+                message = f"waiting for the previous Job's Kueue Workload {dig(leftover, 'metadata', 'name')} to go"
+                phase = RESTARTING if prev_phase == RESTARTING else PENDING
+                return status.build(phase, message, (False, "WaitingForWorkloadDeletion", message))
             status.action = Action.CREATE_JOB
         if prev_phase == RESTARTING or (job is not None):
             message = (status.last_failure or {}).get("message") or "recreating the gang"
@@ -284,11 +291,13 @@ def assess(
             )
         return status.build(PENDING, "creating the gang", (False, "Pending", "the batch Job is being created"))
 
-    # Propagate the user's suspend; with Kueue only ever towards suspension (Kueue owns resume).
+    # Propagate the user's suspend both ways, unless Kueue manages the Job: then resuming is
+    # Kueue's admission, and suspending is deleting the Job (below).
     job_suspended = dig(job, "spec", "suspend") is True
-    if facts.suspend and not job_suspended:
+    queue = kueue_queue(facts.queue_name, job)
+    if facts.suspend and not job_suspended and not queue:
         status.action = Action.SUSPEND_JOB
-    elif not facts.suspend and job_suspended and not facts.queue_name:
+    elif not facts.suspend and job_suspended and not queue:
         status.action = Action.RESUME_JOB
 
     # When the gang first started: the Job's startTime, or now if its pods exist before the Job
@@ -303,6 +312,13 @@ def assess(
         )
         return status.build(SUCCEEDED, "training completed", (False, "Completed", "all workers completed"))
 
+    if facts.suspend and queue:
+        # Kueue starts every suspended Job whose Workload is admitted, so suspending a Kueue Job
+        # would fight it; deleting the Job takes its Workload (and quota) with it, and resuming
+        # creates a new Job that queues like any other.
+        status.action = Action.STOP_JOB
+        return status.build(SUSPENDED, SUSPEND_MESSAGE, (False, "Suspended", "the job is suspended"))
+
     failure = classify_failure(job, current_pods)
     if failure is not None:
         return _after_failure(status, job, failure)
@@ -312,12 +328,8 @@ def assess(
             return status.build(
                 SUSPENDED, "suspended by spec.runPolicy.suspend", (False, "Suspended", "the job is suspended")
             )
-        if facts.queue_name:
-            return status.build(
-                QUEUED,
-                f"waiting for Kueue queue {facts.queue_name} to admit the job",
-                (False, "Queued", "waiting for admission"),
-            )
+        if queue:
+            return _queued(status, job, queue, workload_of(job, workloads or []))
         return status.build(PENDING, "resuming the job", (False, "Resuming", "the batch Job is being resumed"))
 
     running = [p for p in current_pods if is_fully_running(p)]
@@ -351,6 +363,25 @@ def assess(
     if not current_pods:
         reason, message = "WaitingForPods", f"0/{facts.nodes} workers created"
     return status.build(STARTING, message, (False, reason, message))
+
+
+def _queued(status: _StatusBuilder, job: dict[str, Any], queue: str, workload: dict[str, Any] | None) -> Assessment:
+    """Waiting for Kueue, saying why (Kueue's words) and whether it queued again: after a gang
+    restart (a new Job is a new Workload) or after Kueue evicted it."""
+    reason, why = kueue_wait(workload)
+    again = ""
+    if status.start_time:
+        last_failure = status.last_failure
+        restarted = (
+            reason != "Evicted"
+            and last_failure is not None
+            and last_failure.get("jobUid") != dig(job, "metadata", "uid")
+        )
+        again = " again after the gang restart" if restarted else " again"
+    message = f"queued{again} in Kueue queue {queue}: {why}"
+    return status.build(
+        QUEUED, message, (False, "Queued", "waiting for Kueue to admit the job"), queued=(True, reason, message)
+    )
 
 
 def _after_failure(status: _StatusBuilder, job: dict[str, Any], failure: Failure) -> Assessment:

@@ -17,6 +17,7 @@ from colocgrpo_operator.api.naming import (
     GPU_RESOURCE,
     GRPO_CONFIG_KEY,
     JOB_NAME_LABEL,
+    KUEUE_PRIORITY_CLASS_LABEL,
     KUEUE_QUEUE_LABEL,
     OPERATOR_NAME,
     RENDEZVOUS_PORT,
@@ -280,6 +281,8 @@ def render_batch_job(job: ColocGRPOJob, image: str) -> dict[str, Any]:
     queue = spec.scheduling.queue_name
     if queue:
         labels[KUEUE_QUEUE_LABEL] = queue
+    if spec.scheduling.workload_priority_class_name:
+        labels[KUEUE_PRIORITY_CLASS_LABEL] = spec.scheduling.workload_priority_class_name
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": nodes,
