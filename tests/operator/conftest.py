@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from colocgrpo_operator.devcluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
 from support.operator_harness import CRD_FILE, NAMESPACE_PATTERN, Cluster, OperatorProcess
 
 
@@ -50,3 +52,88 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+# --- real Kueue (colocgrpo_operator.devcluster.kueue), only for the tests that ask for it -----
+
+
+@pytest.fixture(scope="session")
+def kueue_leftovers() -> list[str]:
+    """`kind/name` of what the Kueue tests deleted without waiting (see `kueue`)."""
+    return []
+
+
+@pytest.fixture(scope="session")
+def kueue(kube_cluster, kueue_leftovers, tmp_path_factory) -> Iterator[LocalKueue]:
+    """Kueue's manager (built from its Go module) against the session cluster, with one GPU
+    ResourceFlavor. Only namespaces labelled MANAGED_NAMESPACE_LABEL are Kueue's.
+
+    The tests' namespaces and ClusterQueues are deleted without waiting (deletion overlaps the
+    next test); Kueue is stopped only once they are gone, as their Workloads' finalizers are its
+    to remove."""
+    kubeconfig = Path(kube_cluster.kubeconfig)
+    pid_dir = default_pid_dir(kubeconfig)
+    # Next to the cluster's own state when it is a DevCluster (`down` removes it); pytest's temp
+    # folders are pruned by other sessions on the same machine.
+    workdir = pid_dir.parent / "kueue" if pid_dir else tmp_path_factory.mktemp("kueue")
+    process = LocalKueue(kubeconfig, workdir, pid_dir=pid_dir)
+    process.start()
+    try:
+        kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(KUEUE_FLAVOR))
+        yield process
+        if kueue_leftovers:
+            kube_cluster.kubectl("wait", "--for=delete", "--timeout=180s", *kueue_leftovers, check=False)
+    finally:
+        process.stop()
+
+
+KUEUE_FLAVOR = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "gpu"}}
+
+
+@pytest.fixture
+def kueue_namespace(kube_cluster, operator, kueue, kueue_leftovers, request) -> Iterator[str]:
+    """A fresh `opt-` namespace that Kueue manages, with a LocalQueue `gpu` feeding a ClusterQueue
+    of its own (8 GPUs; CPU and memory enough for any test job; indirect parametrization adds to
+    the ClusterQueue's spec). Deleted after the test (the `kueue` fixture waits for it)."""
+    hint = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().replace("test_", "")).strip("-")[:24]
+    name = kube_cluster.new_namespace(f"opt-kq-{hint}")
+    key, value = MANAGED_NAMESPACE_LABEL
+    kube_cluster.kubectl("label", "namespace", name, f"{key}={value}")
+    queues = kueue_queues(name, cluster_queue=name, **getattr(request, "param", {}))
+    kube_cluster.kubectl("apply", "-f", "-", input="\n".join(json.dumps(q) for q in queues))
+    yield name
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(f"--- operator log (tail) ---\n{operator.log_tail()}\n--- kueue log (tail) ---\n{kueue.log_tail(30)}")
+    kube_cluster.kubectl("delete", "namespace", name, "--wait=false")
+    kube_cluster.kubectl("delete", "clusterqueue", name, "--ignore-not-found", "--wait=false")
+    kueue_leftovers += [f"namespace/{name}", f"clusterqueue/{name}"]
+
+
+def kueue_queues(namespace: str, cluster_queue: str, **cluster_queue_spec: object) -> list[dict]:
+    quota = [
+        {"name": "cpu", "nominalQuota": "64"},
+        {"name": "memory", "nominalQuota": "512Gi"},
+        {"name": "nvidia.com/gpu", "nominalQuota": 8},
+    ]
+    spec: dict = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "resourceGroups": [
+            {"coveredResources": [r["name"] for r in quota], "flavors": [{"name": "gpu", "resources": quota}]}
+        ],
+    }
+    spec.update(cluster_queue_spec)
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": spec,
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "gpu", "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]

@@ -191,22 +191,6 @@ def test_suspend_and_resume(cluster, operator, op_namespace):
     assert resumed["status"]["restarts"] == 0
 
 
-def test_kueue_admission_is_respected(cluster, operator, op_namespace):
-    ns, name = op_namespace, "queued"
-    cluster.create_job(ns, tiny_job(name, scheduling={"queueName": "team-a"}))
-    queued = wait_phase(cluster, ns, name, "Queued", operator=operator)
-    assert condition(queued, "Queued")["status"] == "True"
-    job = cluster.batch_jobs(ns, name)[0]
-    assert job["spec"]["suspend"] is True
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-    # Play Kueue: admit by unsuspending. The operator must not suspend it again.
-    cluster.patch_batch_job(ns, name, {"spec": {"suspend": False}})
-    wait_phase(cluster, ns, name, "Running", operator=operator)
-    time.sleep(3)  # more than one re-check period
-    assert cluster.batch_jobs(ns, name)[0]["spec"]["suspend"] is False
-    assert phase(cluster, ns, name) == "Running"
-
-
 def test_active_deadline(cluster, operator, op_namespace):
     ns, name = op_namespace, "deadline"
     cluster.create_job(ns, tiny_job(name, runPolicy={"activeDeadlineSeconds": 3}))
