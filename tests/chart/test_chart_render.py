@@ -198,6 +198,7 @@ NAMESPACED_RULES = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # read-only: why a queued job waits
 }
 CRD_DISCOVERY = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
