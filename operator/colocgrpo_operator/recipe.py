@@ -319,6 +319,7 @@ class _DuplicateTrackingLoader(yaml.SafeLoader):
     """Records top-level keys that appear more than once (YAML keeps the last silently)."""
 
     duplicates: list[tuple[str, Any, Any]]
+    _root: yaml.Node | None
 
 
 def _construct_mapping(loader: _DuplicateTrackingLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

@@ -277,7 +277,8 @@ def test_builtin_rewards_match_the_trainer():
     registry = next(
         node.value
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILTIN_REWARDS" for t in node.targets)
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILTIN_REWARDS" for t in node.targets))
+        or (isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "BUILTIN_REWARDS")
     )
     assert {key.value for key in registry.keys} == set(BUILTIN_REWARDS)
 

@@ -63,7 +63,10 @@ class CheckpointMarker(TrainerCallback):
     def __init__(self) -> None:
         self.last_checkpoint: Path | None = None
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        assert args.output_dir is not None  # TrainingArguments.__post_init__ fills in a default
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         _barrier()  # DeepSpeed writes shards from every rank; rank 0 must not mark early
         if state.is_world_process_zero and checkpoint.is_dir():
@@ -112,7 +115,9 @@ class SaveOnTermination(TrainerCallback):
         self.request = request
         self.stopped_at_step: int | None = None
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         if _any_rank_requested(self.request.requested.is_set()):
             control.should_save = True
             control.should_training_stop = True

@@ -10,6 +10,7 @@ classifier imports `DataError` from it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +144,7 @@ def truncate_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_p
 
     def prompt_length(messages: list[dict[str, str]]) -> int:
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
+        if isinstance(ids, Mapping):  # a BatchEncoding (a UserDict) where the tokenizer returns a dict
             ids = ids["input_ids"]
         return len(ids)
 
@@ -155,7 +156,7 @@ def truncate_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_p
                 return {"prompt": messages}
             user = next((m for m in reversed(messages) if m["role"] == "user"), None)
             content_ids = tokenizer.encode(user["content"], add_special_tokens=False) if user else []
-            if not content_ids or excess >= len(content_ids):
+            if user is None or not content_ids or excess >= len(content_ids):
                 raise DataError(
                     f"a prompt's chat template and system prompt alone take more than "
                     f"dataset.maxPromptTokens={max_prompt_tokens} tokens"

@@ -8,10 +8,13 @@ trainer checks again because a hand-written config skips the operator).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colocgrpo_training.config import SleepPolicy, TrainerConfig
 from colocgrpo_training.failures import InvalidConfigError
+
+if TYPE_CHECKING:
+    from trl import GRPOConfig
 
 # GRPOConfig keys derived from typed fields, and the field that owns each.
 OWNED_KEYS: dict[str, str] = {
@@ -89,7 +92,7 @@ def grpo_kwargs(config: TrainerConfig, reward_weights: list[float] | None = None
     return kwargs
 
 
-def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None = None):
+def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None = None) -> GRPOConfig:
     """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`."""
     import dataclasses
 

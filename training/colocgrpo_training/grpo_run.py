@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colocgrpo_training.checkpoints import (
     CheckpointMarker,
@@ -29,12 +29,15 @@ from colocgrpo_training.grpo_args import build_grpo_config
 from colocgrpo_training.progress import ProgressReporter
 from colocgrpo_training.rewards import RewardError, accuracy_needed, resolve_rewards
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
 
 FINAL_MODEL_DIRNAME = "final"
 
 
-def load_tokenizer(config: TrainerConfig):
+def load_tokenizer(config: TrainerConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     # Left padding/truncation: generation appends to the right of the prompt.

@@ -225,19 +225,30 @@ class ProgressReporter(TrainerCallback):
 
     # -- callback hooks -------------------------------------------------------------------
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         # Tells the operator early that training started (and where a resumed run stands).
         if state.is_world_process_zero:
             self.report(state, final=False)
 
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._step_started = self.clock()
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._step_started is not None:
             self.metrics["step_time_seconds"] = round(self.clock() - self._step_started, 4)
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs: Any):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not state.is_world_process_zero or not logs:
             return
         if "train_runtime" in logs:  # the end-of-training summary, not a step
@@ -245,13 +256,16 @@ class ProgressReporter(TrainerCallback):
         self.metrics.update(progress_metrics(logs))
         self.report(state, final=state.global_step >= state.max_steps > 0)
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
+        assert args.output_dir is not None  # TrainingArguments.__post_init__ fills in a default
         self.last_checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         self.report(state, final=False)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if state.is_world_process_zero:
             self.report(state, final=True)
             if not self.flush():  # the last report matters most; bounded, never fatal

@@ -14,6 +14,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS = "<|pad|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
@@ -34,7 +38,7 @@ _CORPUS = [
 TINY_VOCAB_SIZE = 384
 
 
-def build_tiny_tokenizer(path: str | Path):
+def build_tiny_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a fixed corpus (deterministic), saved to `path`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

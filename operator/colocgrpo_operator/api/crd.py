@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pydantic import BaseModel
+
 from colocgrpo_operator.api.model import ColocGRPOJobSpec, ColocGRPOJobStatus
 from colocgrpo_operator.api.naming import (
     CRD_NAME,
@@ -111,7 +113,7 @@ def _structural(schema: dict[str, Any], *, keep_defaults: bool) -> dict[str, Any
     return schema
 
 
-def model_schema(model: type, *, keep_defaults: bool) -> dict[str, Any]:
+def model_schema(model: type[BaseModel], *, keep_defaults: bool) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     return _structural(_resolve(raw, defs), keep_defaults=keep_defaults)

@@ -87,7 +87,7 @@ def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
         loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and _UNION_TAGS.match(p)))
         message = item["msg"]
         if item["type"] == "string_pattern_mismatch":
-            pattern = (item.get("ctx") or {}).get("pattern")
+            pattern = (item.get("ctx") or {}).get("pattern", "")
             message = PATTERN_MEANINGS.get(pattern, message)
         elif item["type"] == "value_error":
             message = message.removeprefix("Value error, ")
@@ -270,8 +270,8 @@ def _raw_parallelism_problems(spec_obj: Any) -> list[tuple[str, str]]:
     """The tensor-parallel rule on a spec that failed type validation elsewhere, when its inputs are sound."""
     if not isinstance(spec_obj, dict):
         return []
-    resources = spec_obj.get("resources") if isinstance(spec_obj.get("resources"), dict) else {}
-    vllm = spec_obj.get("vllm") if isinstance(spec_obj.get("vllm"), dict) else {}
+    resources = section if isinstance(section := spec_obj.get("resources"), dict) else {}
+    vllm = section if isinstance(section := spec_obj.get("vllm"), dict) else {}
     gpus, tp = resources.get("gpusPerNode", 1), vllm.get("tensorParallelSize", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (gpus, tp)) or gpus < 0 or tp < 1:
         return []
@@ -294,7 +294,7 @@ def parse_job(obj: Any) -> ColocGRPOJob:
         problems.append(("apiVersion", f"must be {API_VERSION}, got {obj.get('apiVersion')!r}"))
     if obj.get("kind", KIND) != KIND:
         problems.append(("kind", f"must be {KIND}, got {obj.get('kind')!r}"))
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = meta if isinstance(meta := obj.get("metadata"), dict) else {}
     problems.extend(name_problems(metadata.get("name")))
     try:
         job = ColocGRPOJob.model_validate(obj)

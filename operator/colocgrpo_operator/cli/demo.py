@@ -31,7 +31,7 @@ NAMESPACE = "colocgrpo-demo"
 JOB_NAME = "tiny-cpu"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="local cluster + operator + the tiny CPU job trained for real",
@@ -93,7 +93,7 @@ class DemoRun:
         self.args = args
         self.repo = _repo_root()
         self.workdir = Path(tempfile.mkdtemp(prefix="colocgrpo-demo-"))
-        self.operator: subprocess.Popen | None = None
+        self.operator: subprocess.Popen[bytes] | None = None
         self.kubeconfig: Path | None = None
         self.api: Any = None
         self.core: Any = None
@@ -113,7 +113,7 @@ class DemoRun:
         from colocgrpo_operator.controller.kube import KubeApi
 
         api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
-        self.api = KubeApi.from_kubeconfig(self.kubeconfig, field_manager="colocgrpo-demo")
+        self.api = KubeApi.from_kubeconfig(str(self.kubeconfig), field_manager="colocgrpo-demo")
         self.core = client.CoreV1Api(api_client)
         nodes = self.api.request("GET", "/api/v1/nodes")["items"]
         gpus = {n["metadata"]["name"]: n["status"]["capacity"].get(GPU_RESOURCE) for n in nodes}
@@ -131,7 +131,7 @@ class DemoRun:
         _say(f"starting the operator (log: {log_path})")
         env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")
         with open(log_path, "wb") as log:
-            self.operator = subprocess.Popen(
+            operator = self.operator = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -150,8 +150,8 @@ class DemoRun:
             )
 
         def live() -> bool:
-            if self.operator.poll() is not None:
-                raise RuntimeError(f"the operator exited ({self.operator.returncode}); see {log_path}")
+            if operator.poll() is not None:
+                raise RuntimeError(f"the operator exited ({operator.returncode}); see {log_path}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
                     return response.status == 200

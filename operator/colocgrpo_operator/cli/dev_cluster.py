@@ -6,7 +6,7 @@ import argparse
 import json
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = subparsers.add_parser("dev", help="developer tools (local cluster)", description=__doc__)
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="TOOL", required=True)
     cluster = dev_sub.add_parser(

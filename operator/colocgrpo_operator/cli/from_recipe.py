@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "from-recipe",
         help="convert a TRL/open-r1 GRPO recipe YAML into a ColocGRPOJob",
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def render_job_yaml(job: dict, notes: list[str], untranslatable: list[str]) -> str:
+def render_job_yaml(job: dict[str, Any], notes: list[str], untranslatable: list[str]) -> str:
     from colocgrpo_operator.manifest_files import dump_documents
 
     # No file name or date in the header: converting the same recipe gives the same bytes.

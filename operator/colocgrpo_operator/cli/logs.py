@@ -13,7 +13,7 @@ from typing import Any
 from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "logs",
         help="print (or follow) the trainer log of one rank of a job",
@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tail is not None:
         kwargs["tail_lines"] = args.tail
     try:
-        response = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
+        # Unpreloaded, the client returns the raw urllib3 response (its annotation says str).
+        response: Any = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
         for chunk in response.stream(4096):
             sys.stdout.write(chunk.decode("utf-8", "replace"))
             sys.stdout.flush()

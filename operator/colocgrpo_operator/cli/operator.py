@@ -9,7 +9,7 @@ import sys
 from colocgrpo_operator.controller.config import LOG_LEVELS, ConfigError, OperatorConfig
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `colocgrpo operator`: one flag per `OperatorConfig` field, defaults from the class."""
     defaults = OperatorConfig()
     parser = subparsers.add_parser(
@@ -130,7 +130,7 @@ def keep_out_unused_clients() -> None:
     operator tests instead of quietly costing memory. No-op for a package already imported.
     """
     for name in UNUSED_CLIENT_PACKAGES:
-        sys.modules.setdefault(name, None)
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None is the import system's "absent"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
 
 TERMINAL = {"Succeeded": 0, "Failed": 1}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "watch",
         help="follow a ColocGRPOJob live until it succeeds or fails",
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     try:
-        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name)
+        obj = cast("dict[str, Any]", api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name))
     except ApiException as error:
         if error.status == 404:
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         raise
 
     def finished(current: dict[str, Any]) -> int | None:
-        return TERMINAL.get((current.get("status") or {}).get("phase"))
+        return TERMINAL.get((current.get("status") or {}).get("phase", ""))
 
     live = (
         None if args.plain or not console.is_terminal else Live(render_view(obj), console=console, refresh_per_second=4)

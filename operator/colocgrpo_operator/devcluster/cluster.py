@@ -17,6 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -95,7 +96,7 @@ class DevCluster:
         probe = self.kubectl("get", "--raw", "/readyz", "--request-timeout=3s", check=False)
         return probe.returncode == 0 and probe.stdout.strip() == "ok"
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         nodes: list[str] = []
         ready = self.is_ready()
         if ready:
@@ -112,7 +113,7 @@ class DevCluster:
 
     # -- pieces ----------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster (never the user's current context)."""
         return run([str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check)
 
@@ -167,7 +168,7 @@ class DevCluster:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
 
-    def _kwokctl(self, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _kwokctl(self, folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KWOK_WORKDIR": str(self.workdir)}
         return run(
             [str(folder / "kwokctl"), f"--name={self.name}", f"--config={self._config_file}", *args],

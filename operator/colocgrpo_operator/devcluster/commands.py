@@ -20,7 +20,7 @@ def run(
     input: str | None = None,
     check: bool = True,
     env: Mapping[str, str] | None = None,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env)
     if check and done.returncode:
         raise CommandFailed(done.returncode, done.args, done.stdout, done.stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from colocgrpo_operator.devcluster.kwokctl_config import FAKE_LOG_LINES
 
@@ -37,7 +37,7 @@ def set_fake_logs(
     log_file = Path(kubeconfig).parent / "fake-logs" / namespace / f"{pod}.{container or 'all'}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text(_cri_lines(lines))
-    entry: dict = {"logsFile": str(log_file), "follow": True}
+    entry: dict[str, Any] = {"logsFile": str(log_file), "follow": True}
     entries = [entry]
     if container:
         entry["containers"] = [container]
@@ -59,7 +59,10 @@ def set_fake_logs(
     except client.exceptions.ApiException as error:
         if error.status != 409:
             raise
-        existing = custom.get_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", namespace, "logs", pod)
+        existing = cast(
+            "dict[str, Any]",
+            custom.get_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", namespace, "logs", pod),
+        )
         # One Logs object per pod: keep the other entries, replace the one for these containers
         # (for container=None that is the default entry).
         kept = [e for e in existing["spec"]["logs"] if e.get("containers") != entry.get("containers")]

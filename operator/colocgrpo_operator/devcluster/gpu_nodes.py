@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from colocgrpo_operator.api.naming import GPU_RESOURCE
 
 
-def render_gpu_nodes(count: int = 2, gpus: int = 8, cpu: str = "64", memory: str = "512Gi") -> list[dict]:
+def render_gpu_nodes(count: int = 2, gpus: int = 8, cpu: str = "64", memory: str = "512Gi") -> list[dict[str, Any]]:
     """Nodes shaped like 8-GPU training hosts. No taint, so any pod may land on them."""
     capacity = {"cpu": cpu, "memory": memory, "pods": "110", GPU_RESOURCE: str(gpus), "ephemeral-storage": "1Ti"}
     return [

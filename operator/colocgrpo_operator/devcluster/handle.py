@@ -32,7 +32,7 @@ class ClusterHandle:
 
         return client.CoreV1Api(self.api_client)
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run([str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check)
 
     def set_fake_logs(self, namespace: str, pod: str, lines: list[str], container: str | None = None) -> Path:

@@ -7,6 +7,7 @@ plain process and writes the kubeconfig; this file only tells it what to run and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -47,7 +48,7 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
         # Per-pod fake logs (fake_logs.py) are kwok `Logs` objects in the cluster.
         "enableCRDs": ["Logs"],
     }
-    docs: list[dict] = [
+    docs: list[dict[str, Any]] = [
         {
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokctlConfiguration",

@@ -177,7 +177,7 @@ def _volumes_and_mounts(job: ColocGRPOJob) -> tuple[list[dict[str, Any]], list[d
         # Scratch space writable for whatever uid the pod runs as, whatever the image's /tmp is.
         {"name": "tmp", "emptyDir": {}},
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": SHM_DIR},
         {"name": "checkpoints", "mountPath": spec.checkpoint.path},

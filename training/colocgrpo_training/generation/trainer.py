@@ -18,10 +18,10 @@ import contextlib
 import functools
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, cast
 
 import trl.trainer.grpo_trainer as grpo_module
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from colocgrpo_training.config import VLLMSettings
 from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES
@@ -34,11 +34,11 @@ log = logging.getLogger("colocgrpo.generation")
 @contextlib.contextmanager
 def _vllm_generation_class(factory: Any) -> Iterator[None]:
     original = grpo_module.VLLMGeneration
-    grpo_module.VLLMGeneration = factory
+    grpo_module.VLLMGeneration = factory  # type: ignore[misc]  # the one name TRL builds its engine from
     try:
         yield
     finally:
-        grpo_module.VLLMGeneration = original
+        grpo_module.VLLMGeneration = original  # type: ignore[misc]
 
 
 class ColocGRPOTrainer(GRPOTrainer):
@@ -49,6 +49,8 @@ class ColocGRPOTrainer(GRPOTrainer):
     VLLMSettings owns are set from it (use_vllm, vllm_mode="colocate", TP size, memory
     utilization, max model length) and TRL's own sleep mode is kept off.
     """
+
+    args: GRPOConfig  # Trainer annotates it as TrainingArguments
 
     def __init__(
         self,
@@ -82,7 +84,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         )
         with _vllm_generation_class(factory):
             super().__init__(*args, **kwargs)
-        engine = self.vllm_generation
+        engine = cast(ColocatedVLLM, self.vllm_generation)  # built by the factory above
         engine.weight_version = lambda: self.state.global_step
         engine.deepspeed_engine = self._deepspeed_engine
 
@@ -95,7 +97,9 @@ class ColocGRPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         engine = getattr(self, "vllm_generation", None)
         if isinstance(engine, ColocatedVLLM):
-            mode = "train" if self.model.training else "eval"
+            # Trainer.__init__ sets the model; GRPOConfig.__post_init__ fills steps_per_generation in.
+            assert self.model is not None and self.args.steps_per_generation is not None
+            mode: Literal["train", "eval"] = "train" if self.model.training else "eval"
             engine.next_generate = predict_next_generate(
                 micro_step=self._step,
                 global_step=self.state.global_step,

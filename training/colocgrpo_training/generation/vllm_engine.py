@@ -22,6 +22,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from trl.extras.profiling import ProfilingContext
 from trl.generation.vllm_generation import VLLMGeneration, empty_cache, extract_logprobs
 from trl.trainer.utils import ensure_master_addr_port
 
@@ -39,6 +40,16 @@ from colocgrpo_training.generation.tp_groups import (
 )
 
 log = logging.getLogger("colocgrpo.generation")
+
+# What `generate` returns, as TRL's `VLLMGeneration.generate`: per request of this rank,
+# (prompt_ids, completion_ids, logprobs, logprob_token_ids); the last two are None when
+# vLLM returned no log-probs.
+GenerateResult = tuple[
+    list[list[int]],
+    list[list[int]],
+    list[list[list[float | None]]] | None,
+    list[list[list[int]]] | None,
+]
 
 
 def full_nbytes(param: torch.Tensor) -> int:
@@ -60,7 +71,7 @@ class ColocatedVLLM(VLLMGeneration):
     """
 
     # (vLLM names with parameters, their full sizes, buckets): planned at the first push.
-    _push_plan: tuple[list, list, list[list[int]]] | None = None
+    _push_plan: tuple[list[tuple[str, torch.Tensor]], list[tuple[str, int]], list[list[int]]] | None = None
     # Trainer-state offload: whether DeepSpeed's states are on the CPU now, whether the engine
     # was checked for it, and the forward hook that refuses parameter reads meanwhile.
     _trainer_state_offloaded = False
@@ -235,7 +246,13 @@ class ColocatedVLLM(VLLMGeneration):
         generate if and when the controller's record says the engine lacks the weights."""
         log.debug("sync_weights: deferred to the next generate (policy %s)", self.sleep_policy.value)
 
-    def generate(self, prompts, images, num_generations, profiler=None):
+    def generate(
+        self,
+        prompts: list[list[int]],
+        images: list[list[Any] | None] | None,
+        num_generations: int,
+        profiler: ProfilingContext | None = None,
+    ) -> GenerateResult:
         from vllm import SamplingParams
 
         version = self.weight_version()
@@ -243,14 +260,16 @@ class ColocatedVLLM(VLLMGeneration):
         self.controller.check_ready(version)
 
         tp = self.tensor_parallel_size
+        all_images: list[Any] | None
         if tp > 1:
-            sizes = [None] * tp
+            # Buffers that all_gather_object fills with each rank's object.
+            sizes: list[Any] = [None] * tp
             torch.distributed.all_gather_object(sizes, len(prompts), group=self.tp_group)
-            gathered = [None] * tp
+            gathered: list[Any] = [None] * tp
             torch.distributed.all_gather_object(gathered, prompts, group=self.tp_group)
             all_prompts = flatten_group(gathered)
             local_images = images if images is not None else [None] * len(prompts)
-            gathered_images = [None] * tp
+            gathered_images: list[Any] = [None] * tp
             torch.distributed.all_gather_object(gathered_images, local_images, group=self.tp_group)
             all_images = flatten_group(gathered_images)
             if all(img is None for img in all_images):
@@ -258,7 +277,7 @@ class ColocatedVLLM(VLLMGeneration):
         else:
             sizes, all_prompts, all_images = [len(prompts)], prompts, images
 
-        base = {
+        base: dict[str, Any] = {
             "n": 1,
             "repetition_penalty": self.repetition_penalty,
             "temperature": self.temperature,
@@ -391,12 +410,13 @@ def whole_tensor_without_gather(param: torch.Tensor) -> torch.Tensor | None:
         # Not partitioned (no ZeRO-3): the parameter is whole. A ZeRO-3 parameter between
         # partitioning steps also has ds_numel and an empty ds_tensor: never take its .data.
         return None if hasattr(param, "ds_numel") else param.data
+    zero3: Any = param  # ZeRO-3 set ds_tensor, so ds_numel and ds_shape are there too
     world = getattr(param, "ds_zero_partition_world_size", None)
-    if world != 1 or part.device.type != "cuda" or part.numel() < param.ds_numel:
+    if world != 1 or part.device.type != "cuda" or part.numel() < zero3.ds_numel:
         return None
     if getattr(part, "final_location", None) is not None:  # NVMe-backed: the buffer may be released
         return None
-    return part.data.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+    return part.data.narrow(0, 0, zero3.ds_numel).view(zero3.ds_shape)
 
 
 class TrainerStateOffloadError(RuntimeError):

@@ -144,6 +144,7 @@ def resolve_shape(name: str, parameter_count: Any, base_dir: Path | None) -> tup
     candidate = Path(name).expanduser()
     if not candidate.is_absolute() and base_dir is not None:
         candidate = base_dir / candidate
+    shape: ModelShape | None
     if candidate.is_dir():
         config = candidate / "config.json"
         if not config.is_file():

@@ -190,7 +190,8 @@ def shape_from_config(config_path: Path) -> ModelShape:
         raise PlanInputError(field, f"cannot read {config_path}: {exc}") from None
     if not isinstance(data, dict):
         raise PlanInputError(field, f"{config_path} is not a JSON object")
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    text_config = data.get("text_config")
+    text: dict[str, Any] = text_config if isinstance(text_config, dict) else data
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [key for key in required if not isinstance(text.get(key), int)]
     if missing:

@@ -11,13 +11,11 @@ import functools
 import importlib
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from colocgrpo_training.config import RewardSettings
-from colocgrpo_training.rewards.builtin import BUILTIN_REWARDS
-
-RewardFunction = Callable[..., list[float | None]]
+from colocgrpo_training.rewards.builtin import BUILTIN_REWARDS, RewardFunction
 
 
 class RewardError(ValueError):
@@ -72,11 +70,12 @@ def resolve_reward(spec: str, *, where: str = "reward") -> RewardFunction:
 
 def _named(function: RewardFunction, spec: str) -> RewardFunction:
     """TRL names per-reward metrics after `__name__`; keep the user's function name."""
-    if inspect.isfunction(function):
+    plain_function = inspect.isfunction(function)  # a bool, so `function` keeps its RewardFunction type
+    if plain_function:
         return function
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> list[float | None]:
+    def wrapper(*args: Any, **kwargs: Any) -> Sequence[float | None]:
         return function(*args, **kwargs)
 
     wrapper.__name__ = getattr(function, "__name__", spec.rpartition(":")[2])

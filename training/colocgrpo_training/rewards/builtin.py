@@ -9,10 +9,15 @@ nanmean), so an unscorable sample does not drag the group mean to 0.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # open-r1's format: think block, then answer block, nothing else.
 FORMAT_PATTERN = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
+
+
+# What TRL calls per batch: one score per completion (None: no score for that completion).
+RewardFunction = Callable[..., Sequence[float | None]]
 
 
 def completion_text(completion: Any) -> str:
@@ -85,7 +90,7 @@ def tag_count_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [count_tags(completion_text(c)) for c in completions]
 
 
-BUILTIN_REWARDS = {
+BUILTIN_REWARDS: dict[str, RewardFunction] = {
     "accuracy": accuracy_reward,
     "format": format_reward,
     "tag_count": tag_count_reward,
