@@ -233,7 +233,7 @@ class LocalKueue:
         self.workdir = Path(workdir)
         self.pid_dir = pid_dir  # a DevCluster's pids/ folder: its `down` then stops Kueue too
         self.namespace_label = namespace_label
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.health_port = 0
         self.webhook_port = 0
 
@@ -241,7 +241,7 @@ class LocalKueue:
     def log_path(self) -> Path:
         return self.workdir / "kueue.log"
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run([str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check)
 
     def _apply(self, objects: list[dict[str, Any]]) -> None:

@@ -59,7 +59,7 @@ def one_gpu_zero3() -> dict[str, Any]:
 # DeepSpeed's own AdamW, its hyperparameters filled by transformers from GRPOConfig (learning_rate,
 # adam_beta1/2, adam_epsilon, weight_decay). With the optimizer on the GPU DeepSpeed builds its FusedAdam,
 # the one optimizer whose moments and fp32 master weights DeepSpeed 0.19's offload_states can move.
-DEEPSPEED_ADAMW = {
+DEEPSPEED_ADAMW: dict[str, Any] = {
     "type": "AdamW",
     "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
 }

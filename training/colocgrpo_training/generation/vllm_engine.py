@@ -463,7 +463,7 @@ def check_trainer_state_offload(engine: Any) -> None:
             )
 
 
-def offloaded(engine: Any) -> set:
+def offloaded(engine: Any) -> set[Any]:
     """The states DeepSpeed reports as offloaded (`offloaded_states` of its ZeRO optimizer)."""
     return set(getattr(engine.optimizer, "offloaded_states", ()))
 

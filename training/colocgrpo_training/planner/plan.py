@@ -391,11 +391,11 @@ def generation_trainer_terms(
     `offload_states` moves with vllm.offloadTrainerState (the same rule as DeepSpeed 0.19, state by
     state: formulas.Zero3Resident). Other stages: DeepSpeed's estimate, all kept."""
     if resident is None:
-        kept = [
+        terms = [
             Term("generation", "trainer parameters + gradients kept on GPU", states.parameters + states.gradients),
             Term("generation", "trainer optimizer states kept on GPU", states.optimizer),
         ]
-        return kept + ([Term("generation", "reference model (beta > 0)", reference)] if reference else []), 0
+        return terms + ([Term("generation", "reference model (beta > 0)", reference)] if reference else []), 0
     moved = resident.moved_by_offload_states(i.offload_optimizer) if i.offload_trainer_state else {}
 
     def kept(*names: str) -> int:
