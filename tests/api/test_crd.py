@@ -54,8 +54,26 @@ def test_identity_and_subresources(crd):
         "TP",
         "Step",
         "Reward",
+        "Restarts",
         "Age",
+        "Reason",
     ]
+    # Only the Reason column waits for `-o wide`.
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")] == ["Reason"]
+
+
+def test_conditions_are_a_list_map_of_metav1_shaped_items(schema):
+    conditions = schema["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    item = conditions["items"]
+    assert item["required"] == ["type", "status", "reason", "message", "lastTransitionTime"]
+    # metav1.Condition's own bounds and reason pattern.
+    reason = item["properties"]["reason"]
+    assert (reason["minLength"], reason["maxLength"]) == (1, 1024)
+    assert reason["pattern"] == "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+    assert item["properties"]["message"]["maxLength"] == 32768
+    assert item["properties"]["lastTransitionTime"]["format"] == "date-time"
 
 
 def test_schema_is_structural(schema):

@@ -51,7 +51,7 @@ def test_examples_are_accepted_and_defaulted(crd_installed, namespace):
     assert stored["spec"]["runPolicy"]["maxRestarts"] == 1
     assert parse_job(stored).spec.vllm.sleep_policy.value == "auto"
     table = crd_installed.kubectl("get", "cgj", "-n", namespace).stdout
-    assert table.split("\n")[0].split() == ["NAME", "PHASE", "NODES", "GPUS", "TP", "STEP", "REWARD", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "PHASE", "NODES", "GPUS", "TP", "STEP", "REWARD", "RESTARTS", "AGE"]
 
 
 @pytest.mark.parametrize(

@@ -245,7 +245,15 @@ def test_status_is_closed_and_typed():
     obj = minimal_job()
     obj["status"] = {
         "phase": "Running",
-        "conditions": [{"type": "Running", "status": "True", "reason": "AllWorkersRunning"}],
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "True",
+                "reason": "AllWorkersRunning",
+                "message": "1/1 workers running",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
         "workers": {"active": 1, "ready": 1, "gpus": 8},
         "progress": {"step": 3, "maxSteps": 10, "metrics": {"reward": 0.5, "kl": 0.01}},
     }
@@ -253,8 +261,15 @@ def test_status_is_closed_and_typed():
     assert job.status.progress.metrics["reward"] == 0.5
     obj["status"]["progress"]["surprise"] = 1
     obj["status"]["phase"] = "Dancing"
+    obj["status"]["conditions"][0]["reason"] = "not camel case"
+    del obj["status"]["conditions"][0]["message"]
     found = problems_of(obj)
-    assert {"status.progress.surprise", "status.phase"} <= set(found)
+    assert {
+        "status.progress.surprise",
+        "status.phase",
+        "status.conditions[0].reason",
+        "status.conditions[0].message",
+    } <= set(found)
 
 
 def test_spec_is_immutable_once_started_except_suspend_and_ttl():

@@ -329,8 +329,9 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
     liveness, metrics = _free_port(), _free_port()
     args = _with_host_ports(chart.operator_args(), liveness, metrics)
     log_path = tmp_path / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(sa_kubeconfig)}
     repo = Path(__file__).resolve().parents[2]
+    # This checkout's code, whatever checkout the shared venv's editable install points at.
+    env = {**os.environ, "KUBECONFIG": str(sa_kubeconfig), "PYTHONPATH": f"{repo / 'operator'}:{repo / 'training'}"}
     with log_path.open("w") as log:
         operator = subprocess.Popen(
             [sys.executable, "-m", "colocgrpo_operator.cli", "operator", *args],

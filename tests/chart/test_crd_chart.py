@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -75,8 +76,13 @@ class Lifecycle:
     def crd(self) -> dict:
         return json.loads(self.cluster.kubectl("get", "crd", TEST_CRD, "-o", "json").stdout)
 
-    def established(self) -> None:
-        self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{TEST_CRD}")
+    def established(self, timeout: float = 60) -> None:
+        """Wait for Established (`kubectl wait` fails at once while a new CRD has no conditions yet)."""
+        deadline = time.monotonic() + timeout
+        jsonpath = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+        while self.cluster.kubectl("get", "crd", TEST_CRD, "-o", jsonpath, check=False).stdout.strip() != "True":
+            assert time.monotonic() < deadline, f"{TEST_CRD} not Established after {timeout} s"
+            time.sleep(0.2)
 
     def columns(self) -> list[str]:
         return [c["name"] for c in self.crd()["spec"]["versions"][0]["additionalPrinterColumns"]]

@@ -183,3 +183,61 @@ def test_reporter_is_silent_off_rank_zero(tmp_path):
     state.is_world_process_zero = False
     reporter.on_log(training_args(tmp_path), state, None, logs={"loss": 1.0})
     assert stream.getvalue() == ""
+
+
+def test_estimate_percent_and_time_left():
+    from colocgrpo_training.progress import estimate
+
+    assert estimate(0, 0, 0, 0) == (None, None)  # max_steps unknown
+    assert estimate(0, 10, 0, 0.0) == (0, None)  # no step run yet: no pace
+    assert estimate(3, 7, 3, 30.0) == (42, 40)  # 10 s a step, 4 left; 300/7 rounded down
+    assert estimate(10, 10, 10, 5.0) == (100, 0)
+    assert estimate(12, 10, 2, 5.0) == (100, 0)
+
+
+def test_reporter_publishes_percent_eta_reward_history_and_vllm_totals(custom_objects, job_ref, tmp_path):
+    """A resumed run (from step 4) at 5 s a step: the pace counts only this process's steps, and the patch the
+    real apiserver stores carries every new field."""
+    import datetime as dt
+
+    now = [100.0]
+    patcher = StatusPatcher(job_ref, custom_objects)
+    reporter = ProgressReporter(
+        job_ref, ProgressSettings(min_interval_seconds=0), patcher, io.StringIO(), clock=lambda: now[0]
+    )
+    args = training_args(tmp_path)
+    totals = {
+        "generation/sleep_seconds": 1.5,
+        "generation/wake_seconds": 2.0,
+        "generation/push_seconds": 0.25,
+        "generation/generate_seconds": 12.0,
+        "generation/pushes": 3.0,  # counters that are not times stay out of the status
+    }
+    for step, reward in ((4, 0.1), (5, 0.2), (6, 0.3)):
+        reporter.on_step_begin(args, trainer_state(step, 10), None)
+        now[0] += 5
+        reporter.on_step_end(args, trainer_state(step + 1, 10), None)
+        reporter.on_log(args, trainer_state(step + 1, 10), None, logs={"reward": reward, "loss": 0.1, **totals})
+    assert reporter.flush(10)
+    progress = read_status(custom_objects, job_ref)["progress"]
+    assert (progress["step"], progress["percent"], progress["estimatedRemainingSeconds"]) == (7, 70, 15)
+    updated = dt.datetime.fromisoformat(progress["lastUpdateTime"].replace("Z", "+00:00"))
+    eta = dt.datetime.fromisoformat(progress["estimatedCompletionTime"].replace("Z", "+00:00"))
+    assert eta - updated == dt.timedelta(seconds=15)
+    assert progress["rewardHistory"] == [0.1, 0.2, 0.3]
+    metrics = progress["metrics"]
+    assert (metrics["sleep_seconds_total"], metrics["wake_seconds_total"], metrics["push_seconds_total"]) == (
+        1.5,
+        2.0,
+        0.25,
+    )
+    assert metrics["generate_seconds_total"] == 12.0 and "pushes" not in str(metrics)
+    assert metrics["step_time_seconds"] == 5.0
+
+
+def test_reward_history_keeps_the_latest_forty(tmp_path):
+    reporter = ProgressReporter(JobRef(name="j", namespace="n"), ProgressSettings(), None, io.StringIO())
+    for step in range(1, 46):
+        reporter.on_log(training_args(tmp_path), trainer_state(step, 100), None, logs={"reward": step / 100})
+    assert reporter.reward_history == [step / 100 for step in range(6, 46)]
+    assert reporter.snapshot(trainer_state(45, 100))["rewardHistory"][-1] == 0.45

@@ -44,13 +44,38 @@ _METRIC_NAMES = {
     "learning_rate": "learning_rate",
     "grad_norm": "grad_norm",
     "frac_reward_zero_std": "frac_reward_zero_std",
+    # The colocated vLLM's running totals for this process (generation/vllm_engine.py): the operator exports
+    # them per job, and the dashboard splits the step time by them.
+    "generation/sleep_seconds": "sleep_seconds_total",
+    "generation/wake_seconds": "wake_seconds_total",
+    "generation/push_seconds": "push_seconds_total",
+    "generation/generate_seconds": "generate_seconds_total",
 }
+# status.progress.rewardHistory holds this many of the latest logged rewards (the API's bound).
+REWARD_HISTORY = 40
 _MAX_BACKOFF_SECONDS = 300.0
 _REQUEST_TIMEOUT_SECONDS = 10
 
 
+def rfc3339(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 def rfc3339_now() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return rfc3339(dt.datetime.now(dt.UTC))
+
+
+def estimate(step: int, max_steps: int, steps_run: int, seconds_run: float) -> tuple[int | None, int | None]:
+    """(percent, estimated remaining seconds): the percent of max_steps done, rounded down, and the steps left
+    at the mean pace of the `steps_run` steps this process ran in `seconds_run` (None before the first one)."""
+    if max_steps <= 0:
+        return None, None
+    percent = max(0, min(100, (100 * step) // max_steps))
+    if step >= max_steps:
+        return percent, 0
+    if steps_run <= 0 or seconds_run <= 0:
+        return percent, None
+    return percent, max(0, round((max_steps - step) * seconds_run / steps_run))
 
 
 def progress_metrics(logs: dict[str, Any]) -> dict[str, float]:
@@ -203,6 +228,9 @@ class ProgressReporter(TrainerCallback):
         self.last_checkpoint: str | None = None
         self.last_patch_at: float | None = None
         self._step_started: float | None = None
+        # The pace of this process: steps since its first step began (a resumed run starts past 0).
+        self._first_step: tuple[int, float] | None = None
+        self.reward_history: list[float] = []
         self.sender = BackgroundSender(patcher) if patcher is not None else None
 
     @property
@@ -236,6 +264,8 @@ class ProgressReporter(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._step_started = self.clock()
+        if self._first_step is None:
+            self._first_step = (int(state.global_step), self._step_started)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._step_started is not None:
@@ -253,7 +283,10 @@ class ProgressReporter(TrainerCallback):
             return
         if "train_runtime" in logs:  # the end-of-training summary, not a step
             return
-        self.metrics.update(progress_metrics(logs))
+        logged = progress_metrics(logs)
+        self.metrics.update(logged)
+        if "reward" in logged:
+            self.reward_history = [*self.reward_history, round(logged["reward"], 6)][-REWARD_HISTORY:]
         self.report(state, final=state.global_step >= state.max_steps > 0)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -274,12 +307,23 @@ class ProgressReporter(TrainerCallback):
     # -- reporting ------------------------------------------------------------------------
 
     def snapshot(self, state: TrainerState) -> dict[str, Any]:
+        step, max_steps = int(state.global_step), int(state.max_steps)
+        now = dt.datetime.now(dt.UTC)
         progress: dict[str, Any] = {
-            "step": int(state.global_step),
-            "maxSteps": int(state.max_steps),
+            "step": step,
+            "maxSteps": max_steps,
             "metrics": dict(self.metrics),
-            "lastUpdateTime": rfc3339_now(),
+            "lastUpdateTime": rfc3339(now),
         }
+        first_step, started = self._first_step or (step, self.clock())
+        percent, remaining = estimate(step, max_steps, step - first_step, self.clock() - started)
+        if percent is not None:
+            progress["percent"] = percent
+        if remaining is not None:
+            progress["estimatedRemainingSeconds"] = remaining
+            progress["estimatedCompletionTime"] = rfc3339(now + dt.timedelta(seconds=remaining))
+        if self.reward_history:
+            progress["rewardHistory"] = list(self.reward_history)
         if self.last_checkpoint is not None:
             progress["lastCheckpoint"] = self.last_checkpoint
         return progress

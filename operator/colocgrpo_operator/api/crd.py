@@ -252,7 +252,17 @@ PRINTER_COLUMNS = [
     {"name": "TP", "type": "integer", "jsonPath": ".spec.vllm.tensorParallelSize"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.metrics.reward"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Whole-gang restarts"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # `kubectl get cgj -o wide`: why the job is in its phase (Unschedulable, ImagePullBackOff, OOMKilled,
+    # InvalidSpec, ...). The Running condition carries that reason in every phase.
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Running")].reason',
+        "priority": 1,
+        "description": "Why the job is in its phase (the Running condition's reason)",
+    },
 ]
 
 

@@ -439,17 +439,27 @@ class ConditionType(enum.StrEnum):
     PLAN_WARNING = "PlanWarning"
 
 
-class Condition(_Spec):
-    """A Kubernetes-style condition; `kubectl wait --for=condition=<type>` works on these."""
+# metav1.Condition's reason: CamelCase, starting with a letter (Kubernetes' own validation of the field).
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+MAX_CONDITION_REASON = 1024
+MAX_CONDITION_MESSAGE = 32768
 
-    type: ConditionType
-    status: Literal["True", "False", "Unknown"]
-    reason: Annotated[str, Field(max_length=1024)] | None = Field(
-        default=None, description="CamelCase machine-readable reason."
+
+class Condition(_Spec):
+    """A condition shaped like metav1.Condition; `kubectl wait --for=condition=<type>` works on these."""
+
+    type: ConditionType = Field(description="Condition type; the list holds at most one condition per type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_CONDITION_REASON, pattern=CONDITION_REASON_PATTERN)] = (
+        Field(description="CamelCase machine-readable reason for the condition's last transition.")
     )
-    message: Annotated[str, Field(max_length=32768)] | None = None
-    last_transition_time: Timestamp | None = None
-    observed_generation: int | None = Field(default=None, ge=0)
+    message: Annotated[str, Field(max_length=MAX_CONDITION_MESSAGE)] = Field(
+        description="Human-readable details (may be empty)."
+    )
+    last_transition_time: Timestamp = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation that the condition was set from."
+    )
 
 
 class WorkersStatus(_Spec):
@@ -462,17 +472,38 @@ class WorkersStatus(_Spec):
     gpus: int = Field(default=0, ge=0, description="GPUs held by the active pods.")
 
 
+MAX_REWARD_HISTORY = 40
+
+
 class ProgressStatus(_Spec):
     """Training progress, written only by the trainer (rank 0)."""
 
-    step: int | None = Field(default=None, ge=0)
-    max_steps: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, description="Optimizer steps done.")
+    max_steps: int | None = Field(default=None, ge=0, description="Optimizer steps of the whole run.")
+    percent: int | None = Field(default=None, ge=0, le=100, description="step / maxSteps in percent, rounded down.")
+    estimated_remaining_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Time left at the pace of the steps this trainer process has run (from lastUpdateTime).",
+    )
+    estimated_completion_time: Timestamp | None = Field(
+        default=None, description="lastUpdateTime + estimatedRemainingSeconds: when training should end."
+    )
     metrics: Annotated[dict[str, float], Field(max_length=MAX_MAP_ENTRIES)] = Field(
         default_factory=dict,
-        description="Latest logged metrics: reward, kl, loss, completion_length, step_time_seconds, ...",
+        description=(
+            "Latest logged metrics: reward, kl, loss, completion_length, step_time_seconds, ...; with vLLM also "
+            "the process's sleep_seconds_total, wake_seconds_total, push_seconds_total, generate_seconds_total."
+        ),
     )
-    last_update_time: Timestamp | None = None
-    last_checkpoint: Annotated[str, Field(max_length=4096)] | None = None
+    reward_history: Annotated[list[float], Field(max_length=MAX_REWARD_HISTORY)] = Field(
+        default_factory=list,
+        description=f"The last {MAX_REWARD_HISTORY} logged rewards, oldest first (colocgrpo watch draws them).",
+    )
+    last_update_time: Timestamp | None = Field(default=None, description="When the trainer last reported.")
+    last_checkpoint: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Path of the last checkpoint saved."
+    )
 
 
 class FailureStatus(_Spec):
@@ -502,7 +533,12 @@ class ColocGRPOJobStatus(_Spec):
     message: Annotated[str, Field(max_length=32768)] | None = Field(
         default=None, description="Human-readable summary of the phase."
     )
-    conditions: Annotated[list[Condition], Field(max_length=MAX_LIST_ITEMS)] = Field(default_factory=list)
+    conditions: Annotated[list[Condition], Field(max_length=MAX_LIST_ITEMS)] = Field(
+        default_factory=list,
+        description="One condition per type (SpecValid, Queued, Suspended, Running, Stalled, Succeeded, Failed, "
+        "PlanWarning); the Running condition's reason says why the job is in its phase.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     observed_generation: int | None = Field(default=None, ge=0)
     start_time: Timestamp | None = Field(
         default=None,

@@ -36,6 +36,9 @@ def _constraints(node: dict[str, Any]) -> str:
         parts.append(f"{'>' if node.get('exclusiveMinimum') else '≥'} {node['minimum']}")
     if "maximum" in node:
         parts.append(f"{'<' if node.get('exclusiveMaximum') else '≤'} {node['maximum']}")
+    if node.get("x-kubernetes-list-type") == "map":
+        keys = ", ".join(f"`{key}`" for key in node.get("x-kubernetes-list-map-keys", []))
+        parts.append(f"one item per {keys}")
     if "minItems" in node:
         parts.append(f"at least {node['minItems']} item(s)")
     if "default" in node and node["default"] != {}:

@@ -1,16 +1,36 @@
 """status.conditions: one condition per type, in the API's order, whose lastTransitionTime
-moves only when its status flips."""
+moves only when its status flips.
+
+Every condition is written whole, in the shape of metav1.Condition that the CRD requires (type,
+status, reason, message, lastTransitionTime): the status patch replaces the list, so conditions
+an older operator left incomplete are rewritten on the next reconcile.
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
 from colocgrpo_operator.api import ConditionType
+from colocgrpo_operator.api.model import CONDITION_REASON_PATTERN, MAX_CONDITION_REASON
 from colocgrpo_operator.controller.objects import as_list, format_time, truncate
 
 # Condition types, in the order they are listed in status.conditions (the API enum's order).
 CONDITION_TYPES = tuple(condition_type.value for condition_type in ConditionType)
+
+
+_REASON = re.compile(CONDITION_REASON_PATTERN)
+_NOT_REASON = re.compile(r"[^A-Za-z0-9_,:]+")
+
+
+def condition_reason(reason: str) -> str:
+    """`reason` as the CRD accepts it. Reasons come from the trainer, the kubelet and the Job controller;
+    one the API server would refuse must never block the whole status write."""
+    if len(reason) <= MAX_CONDITION_REASON and _REASON.match(reason):
+        return reason
+    cleaned = _NOT_REASON.sub("", reason).lstrip("0123456789_,:")[:MAX_CONDITION_REASON].rstrip(",:")
+    return cleaned or "Unknown"
 
 
 def set_condition(
@@ -32,8 +52,8 @@ def set_condition(
     condition = {
         "type": type_,
         "status": status_text,
-        "reason": reason,
-        "message": truncate(message),
+        "reason": condition_reason(str(reason)),
+        "message": truncate(str(message or "")),
         "lastTransitionTime": transition,
     }
     if generation is not None:
