@@ -179,6 +179,7 @@ def main() -> int:
 
     from colocgrpo_operator.controller.kube import KubeApi
     from colocgrpo_operator.devcluster import DevCluster
+    from colocgrpo_operator.devcluster.commands import start_operator
 
     cluster = DevCluster(name=args.cluster_name)
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else cluster.up()
@@ -207,25 +208,13 @@ def main() -> int:
     live_port, metrics_port = free_port(), free_port()
     log_path = Path(f"/tmp/{namespace}-operator.log")
     source = Path(args.operator_src).resolve()
-    env = dict(os.environ, PYTHONPATH=f"{source / 'operator'}:{source / 'training'}")
-    with open(log_path, "wb") as log:
-        operator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "colocgrpo_operator.cli",
-                "operator",
-                f"--kubeconfig={kubeconfig}",
-                f"--namespace={namespace}",
-                f"--liveness-port={live_port}",
-                f"--metrics-port={metrics_port}",
-                "--log-level=WARNING",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=source,
-        )
+    flags = [
+        f"--namespace={namespace}",
+        f"--liveness-port={live_port}",
+        f"--metrics-port={metrics_port}",
+        "--log-level=WARNING",
+    ]
+    operator = start_operator(source, kubeconfig, flags, log_path)
     result: dict[str, Any] = {
         "count": args.count,
         "suspended": args.suspended,

@@ -8,11 +8,9 @@ namespace. Tests assert on the objects the operator produces, never on its log t
 from __future__ import annotations
 
 import copy
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -45,24 +43,17 @@ class OperatorProcess:
         self.metrics_port = 0
 
     def start(self, timeout: float = 60) -> None:
+        from colocgrpo_operator.devcluster.commands import start_operator
+
         self.liveness_port, self.metrics_port = free_port(), free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "colocgrpo_operator.cli",
-            "operator",
-            f"--kubeconfig={self.kubeconfig}",
+        flags = [
             f"--liveness-port={self.liveness_port}",
             f"--metrics-port={self.metrics_port}",
             f"--recheck-seconds={self.recheck_seconds}",
             "--trainer-image=colocgrpo/trainer:test",
         ]
-        for namespace in self.namespaces:
-            args.append(f"--namespace={namespace}")
-        env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed right after
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        log.close()
+        flags += [f"--namespace={namespace}" for namespace in self.namespaces]
+        self.process = start_operator(REPO, self.kubeconfig, flags, self.log_path, append=True)
         deadline = time.monotonic() + timeout
         while not self.healthy():
             if self.process.poll() is not None:

@@ -129,25 +129,10 @@ class DemoRun:
         port = _free_port()
         log_path = self.workdir / "operator.log"
         _say(f"starting the operator (log: {log_path})")
-        env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")
-        with open(log_path, "wb") as log:
-            operator = self.operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "colocgrpo_operator.cli",
-                    "operator",
-                    f"--kubeconfig={self.kubeconfig}",
-                    f"--namespace={NAMESPACE}",
-                    f"--liveness-port={port}",
-                    "--metrics-port=0",
-                    "--recheck-seconds=5",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.repo,
-            )
+        from colocgrpo_operator.devcluster.commands import start_operator
+
+        flags = [f"--namespace={NAMESPACE}", f"--liveness-port={port}", "--metrics-port=0", "--recheck-seconds=5"]
+        operator = self.operator = start_operator(self.repo, str(self.kubeconfig), flags, log_path)
 
         def live() -> bool:
             if operator.poll() is not None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 class CommandFailed(subprocess.CalledProcessError):
@@ -25,3 +28,18 @@ def run(
     if check and done.returncode:
         raise CommandFailed(done.returncode, done.args, done.stdout, done.stderr)
     return done
+
+
+def start_operator(
+    checkout: Path, kubeconfig: str | Path, flags: Sequence[str], log_path: Path, *, append: bool = False
+) -> subprocess.Popen[bytes]:
+    """`colocgrpo operator --kubeconfig=KUBECONFIG FLAGS...` in a child process that imports the
+    code of `checkout` (its operator/ and training/ first on PYTHONPATH), output into `log_path`.
+
+    How the demo, the operator tests and the 500-job benchmark run the operator: as a real
+    process, the way the chart's Deployment does. `append` keeps the log of an earlier start.
+    """
+    env = dict(os.environ, PYTHONPATH=f"{checkout / 'operator'}:{checkout / 'training'}")
+    command = [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={kubeconfig}", *flags]
+    with open(log_path, "ab" if append else "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=checkout)
