@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from colocgrpo_training.planner import BUILTIN_SHAPES, ModelShape
 from colocgrpo_training.planner import formulas as f
 from colocgrpo_training.planner.shapes import builtin_shape, shape_from_config
+from support.tiny_llama import write_llama_config
 
 QWEN_7B = ModelShape(**BUILTIN_SHAPES["qwen2.5-7b"])
 QWEN_14B = ModelShape(**BUILTIN_SHAPES["qwen2.5-14b"])
@@ -127,22 +126,9 @@ def test_builtin_table_rejects_near_misses():
 
 
 def test_config_json_shape(tmp_path):
-    (tmp_path / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 256,
-                "num_hidden_layers": 4,
-                "num_attention_heads": 8,
-                "num_key_value_heads": 2,
-                "intermediate_size": 512,
-                "vocab_size": 1000,
-                "tie_word_embeddings": False,
-                "max_position_embeddings": 2048,
-            }
-        )
-    )
-    shape = shape_from_config(tmp_path / "config.json")
+    config = write_llama_config(tmp_path, tie_word_embeddings=False, max_position_embeddings=2048)
+    shape = shape_from_config(config)
+    # SMALL_LLAMA_CONFIG: hidden 256, 4 layers, KV heads 64 wide, MLP 512, vocabulary 1000.
     # layer: q 256*256 + k,v 2*256*64 + o 256*256 + MLP 3*256*512 + norms 512 = 557,568
     # total: 4 x 557,568 + 2 x 1000*256 (untied) + 256 = 2,742,528
     assert shape.layer_parameters() == 557_568

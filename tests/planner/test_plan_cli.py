@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from support.cli_runner import run_colocgrpo as colocgrpo
+from support.tiny_llama import write_llama_config
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_EXAMPLE = REPO / "examples" / "seed-qwen14b-tp4.yaml"
@@ -110,20 +111,7 @@ def test_bad_input_exit_2(tmp_path):
 def test_local_model_dir_relative_to_job_file(tmp_path):
     model_dir = tmp_path / "models" / "tiny"
     model_dir.mkdir(parents=True)
-    (model_dir / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 256,
-                "num_hidden_layers": 4,
-                "num_attention_heads": 8,
-                "num_key_value_heads": 2,
-                "intermediate_size": 512,
-                "vocab_size": 1000,
-                "tie_word_embeddings": True,
-            }
-        )
-    )
+    write_llama_config(model_dir, tie_word_embeddings=True)
     spec = base_spec("models/tiny", gpus=1, tp=1)
     result = colocgrpo("plan", "-f", str(write_job(tmp_path, spec)), "--json")
     assert result.returncode == 0, result.stderr

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.trainer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from support.tiny_llama import tiny_llama  # noqa: E402 - after the skips
+
 
 def test_package_import_pulls_in_neither_torch_nor_vllm():
     code = (
@@ -40,20 +42,6 @@ def test_trainer_class_imports_without_vllm():
     assert ColocatedVLLM.__mro__[1].__name__ == "VLLMGeneration"
     if importlib.util.find_spec("vllm") is None:
         assert "vllm" not in sys.modules
-
-
-def tiny_llama(seed: int):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 class LoadWeightsReceiver:

@@ -32,6 +32,7 @@ from colocgrpo_training.generation.vllm_engine import (  # noqa: E402
     check_trainer_state_offload,
 )
 from colocgrpo_training.planner import formulas  # noqa: E402
+from support.tiny_llama import tiny_llama  # noqa: E402
 from support.zero3_states import (  # noqa: E402
     differences,
     grouped_parameters,
@@ -65,7 +66,7 @@ def make_engine():
             deepspeed.init_distributed(dist_backend="gloo")
 
         def build(seed: int = 0, accumulation: int = 1, offload_optimizer: bool = False):
-            model = tiny_llama(seed)
+            model = tiny_llama(seed, attn_implementation="eager")
             optimizer = torch.optim.AdamW(grouped_parameters(model), lr=1e-2)
             engine, *_ = deepspeed.initialize(
                 model=model,
@@ -77,21 +78,6 @@ def make_engine():
         yield build
         if created:
             torch.distributed.destroy_process_group()
-
-
-def tiny_llama(seed: int):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        attn_implementation="eager",
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 def batch(k: int):
@@ -215,7 +201,7 @@ def test_push_through_zero3_gather_carries_the_trained_weights(make_engine):
     on the CPU no partition is a CUDA tensor, so every parameter goes through the gather."""
     engine = make_engine(seed=6)
     micro_step(engine, 0)
-    target = tiny_llama(7)
+    target = tiny_llama(7, attn_implementation="eager")
     received: dict[str, torch.Tensor] = {}
     gathered_counts: list[int] = []
 
@@ -260,7 +246,7 @@ def test_rendered_offload_file_completes_to_deepspeeds_adamw():
     job, completed by transformers' own code, names DeepSpeed's AdamW with concrete numbers."""
     from bench.machine_job import completed_deepspeed_config
 
-    model = tiny_llama(0)
+    model = tiny_llama(0, attn_implementation="eager")
     config = completed_deepspeed_config(model, offload_trainer_state=True, accumulation=4, micro_batch=2, bf16=False)
     assert "auto" not in repr(config), config
     assert config["optimizer"] == {
