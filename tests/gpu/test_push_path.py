@@ -21,21 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from support.gpu_requirements import unavailable
+from support.gpu_requirements import require_cuda_deepspeed
 
 pytestmark = pytest.mark.gpu
 
 
-try:
-    import torch
-except ImportError:
-    unavailable("torch is not installed")
-if not torch.cuda.is_available():
-    unavailable("needs a CUDA GPU")
-try:
-    import deepspeed
-except ImportError as err:
-    unavailable(f"DeepSpeed does not import ({err})")
+torch, deepspeed = require_cuda_deepspeed()
 
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")
 STEPS = 3

@@ -26,23 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from support.gpu_requirements import unavailable
+from support.gpu_requirements import require_cuda_deepspeed
 
 pytestmark = pytest.mark.gpu
 
 # Deterministic cuBLAS for the twin comparison; must be set before CUDA initializes.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-try:
-    import torch
-except ImportError:
-    unavailable("torch is not installed")
-if not torch.cuda.is_available():
-    unavailable("needs a CUDA GPU")
-try:
-    import deepspeed
-except ImportError as err:
-    unavailable(f"DeepSpeed does not import ({err})")
+torch, deepspeed = require_cuda_deepspeed()
 
 from bench.machine_job import completed_deepspeed_config  # noqa: E402
 from support.zero3_states import (  # noqa: E402
