@@ -36,7 +36,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - local control plane + fake GPU nodes + operator + sample job watched to completion"
 	@echo "make test   - every test (operator, chart, cluster, trainer on CPU; GPU tests skip without a GPU)"
-	@echo "make lint   - ruff (lint + format check) and mypy; make test runs it first"
+	@echo "make lint   - ruff (lint + format check), mypy and a duplicate-code check; make test runs it first"
 
 .PHONY: help demo lint test test-operator test-trainer dev-venv trainer-venv cluster-bin crd clean-cache
 
@@ -73,11 +73,13 @@ crd: dev-venv
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd > charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd --helm-template > charts/colocgrpo-crds/templates/colocgrpojobs.colocgrpo.io.yaml
 
-# mypy runs in the trainer venv: torch, transformers and TRL type the trainer code there.
-lint: trainer-venv
+# mypy runs in the trainer venv: torch, transformers and TRL type the trainer code there. pylint's
+# duplicate-code check runs in the dev venv, where astroid finds no torch to parse (minutes, not seconds).
+lint: dev-venv trainer-venv
 	"$(TRAINER_VENV)/bin/ruff" check .
 	"$(TRAINER_VENV)/bin/ruff" format --check .
 	"$(TRAINER_PY)" -m mypy
+	"$(DEV_PY)" -m pylint --disable=all --enable=duplicate-code operator training bench tests
 
 test: lint test-operator test-trainer
 
