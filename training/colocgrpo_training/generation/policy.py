@@ -135,10 +135,10 @@ class CostKind(enum.StrEnum):
     PUSH = "push"
 
 
-# The first level-1 sleep in a process also allocates vLLM's pinned host buffers: 0.56 s
-# against 0.04-0.07 s for later ones at 135M, 6.5 s against 0.30 s at 7.18B (H200,
-# docs/benchmarks/gpu.md). Modeled as a steady cost it would keep `auto` off level 1 for
-# the rest of the run, so that first sample is kept apart as a one-off.
+# The first level-1 sleep in a process also allocates vLLM's pinned host buffers, which makes
+# it many times slower than later ones (measured: docs/benchmarks/gpu.md). Modeled as a steady
+# cost it would keep `auto` off level 1 for the rest of the run, so that first sample is kept
+# apart as a one-off.
 ONE_OFF_FIRST_SAMPLE = frozenset({CostKind.SLEEP1})
 
 
@@ -259,12 +259,34 @@ class GenerationCounters:
 
 
 class SleepController:
-    """Owns the engine record and drives an `EngineDriver` around each generate.
+    """The sleep policy's engine: owns the engine record and drives an `EngineDriver` around each generate.
 
-    Usage per generate:  prepare(driver, v) → check_ready(v) → generate → finish(driver, push_due).
-    With several ranks (TP groups, ZeRO-3), every rank must take the same decisions, since a
-    push is a collective: pass `agree` (e.g. an all-reduce MAX over the world group) so each
-    measured cost is identical on all ranks before it enters the model.
+    Per generate: `prepare(driver, v)` → `check_ready(v)` → generate → `finish(driver, push_due)`, where `v` is
+    the trainer's weight version at that generate. `prepare` wakes and pushes only what the record says is
+    missing, `check_ready` enforces the invariant (never generate from stale weights), `finish` sleeps at the
+    level the policy picks. Every operation is timed into `costs`, which `auto` decides from, and counted in
+    `counters`. Pure Python: the CPU tests drive it against a fake engine over random schedules. The policies'
+    measured costs: docs/benchmarks/gpu.md; the rules: docs/sleep-policy.md.
+
+    Args:
+        policy ([`SleepPolicy`] or `str`):
+            `"off"` (never sleep), `"level1"`, `"level2"` or `"auto"` (per cycle, the level of lower modeled
+            cost).
+        costs ([`CostModel`]):
+            Seconds per operation: priors from the weight size (`CostModel.from_weight_bytes`), refined by
+            every measurement unless frozen (`CostModel.fixed`).
+        state ([`EngineState`], *optional*):
+            The engine's record at the start. Defaults to weights on the GPU holding no known trainer version
+            (a freshly loaded checkpoint), so the first generate pushes.
+        agree (`Callable[[float], float]`, *optional*):
+            Makes a measured duration equal on every rank before it enters `costs`. With several ranks (TP
+            groups, ZeRO-3) every rank must take the same decisions, since a push is a collective: pass e.g. an
+            all-reduce MAX over the world group. Defaults to the identity (one process).
+        clock (`Callable[[], float]`, *optional*, defaults to `time.perf_counter`):
+            Seconds, for timing the driver's operations.
+
+    Raises:
+        ValueError: `policy` is not a sleep policy.
     """
 
     def __init__(
@@ -285,19 +307,29 @@ class SleepController:
 
     # -- record changes made outside the controller -------------------------------------
     def invalidate(self, why: str) -> None:
-        """The engine's weights no longer equal any known trainer version (e.g. the trainer
-        loaded a checkpoint). Forces a push before the next generate."""
+        """Record that the engine's weights equal no known trainer version (e.g. the trainer loaded a
+        checkpoint), so the next generate pushes.
+
+        Args:
+            why (`str`):
+                The reason, for the log.
+        """
         log.info("sleep-policy: engine weights invalidated: %s", why)
         self.state.held_version = None
 
     # -- the cycle -------------------------------------------------------------------------
     def initial_sleep(self, driver: EngineDriver) -> None:
-        """Put a freshly built engine to sleep before the trainer sets up.
+        """Put a freshly built engine to sleep before the trainer sets up (nothing with the policy `off`).
 
         An engine holding no known version (the base checkpoint, unless the caller built the
         record with `EngineState(held_version=...)`) must be pushed before its first generate
         anyway: discard it (level 2, free). One that holds the trainer's weights sleeps as
-        after any generate with no push due."""
+        after any generate with no push due.
+
+        Args:
+            driver ([`EngineDriver`]):
+                The engine to put to sleep.
+        """
         if self.policy is SleepPolicy.OFF:
             return
         if self.state.held_version is None:
@@ -306,6 +338,21 @@ class SleepController:
             self.finish(driver, push_due=False)
 
     def prepare(self, driver: EngineDriver, trainer_version: Version) -> WakePlan:
+        """Make the engine ready to generate from `trainer_version`, in vLLM's order: wake the weights if
+        asleep, push if the engine does not hold that version, wake the KV cache if asleep.
+
+        Args:
+            driver ([`EngineDriver`]):
+                The engine to wake and push into. A push is a collective under ZeRO-3: every rank calls this.
+            trainer_version (`Hashable`):
+                The trainer's current weight version (its optimizer-step count).
+
+        Returns:
+            [`WakePlan`]: the steps taken (`plan.steps`) and why.
+
+        Raises:
+            EngineOrderError: the driver's state contradicts the plan (a bug in the record).
+        """
         plan = plan_wake(self.state, trainer_version)
         if plan.wake_weights:
             level = self._last_level
@@ -330,6 +377,20 @@ class SleepController:
         return plan
 
     def push(self, driver: EngineDriver, trainer_version: Version, reason: str = "") -> None:
+        """Push the trainer's weights into the awake engine and record it as holding `trainer_version`.
+
+        Args:
+            driver ([`EngineDriver`]):
+                The engine; `driver.push_weights()` returns the bytes it moved.
+            trainer_version (`Hashable`):
+                The version being pushed.
+            reason (`str`, *optional*):
+                Why, for the log.
+
+        Raises:
+            RedundantPushError: the engine already holds `trainer_version` (a wasted full transfer).
+            EngineOrderError: the engine's weights are asleep.
+        """
         if self.state.weights_awake and self.state.holds(trainer_version):
             log.error("sleep-policy: refusing to push version %r the engine already holds", trainer_version)
             raise RedundantPushError(f"engine already holds trainer weights version {trainer_version!r}")
@@ -346,7 +407,12 @@ class SleepController:
         log.info("sleep-policy: push version %r, %d bytes, %.4fs (%s)", trainer_version, nbytes, seconds, reason)
 
     def check_ready(self, trainer_version: Version) -> None:
-        """The invariant: called right before every generate."""
+        """The invariant, checked right before every generate: weights on the GPU, KV cache awake, and the
+        engine holding `trainer_version`. Counts the generate.
+
+        Raises:
+            StaleWeightsError: any of the three does not hold; the message says which (also logged).
+        """
         s = self.state
         problem = None
         if not s.weights_awake:
@@ -361,6 +427,20 @@ class SleepController:
         self.counters.generates += 1
 
     def finish(self, driver: EngineDriver, push_due: bool | None, final: bool = False) -> SleepDecision:
+        """Put the engine to sleep after a generate, at the level the policy chooses (none with `off`).
+
+        Args:
+            driver ([`EngineDriver`]):
+                The engine.
+            push_due (`bool` or `None`):
+                Whether an optimizer step (so a push) comes before the next generate; None when the caller
+                cannot tell, which `auto` reads as no (a wrong guess costs time, never correctness).
+            final (`bool`, *optional*, defaults to `False`):
+                No generate follows: the sleep only frees memory for the rest of training.
+
+        Returns:
+            [`SleepDecision`]: the level (0 for none), the reason, and `auto`'s modeled cycle costs.
+        """
         decision = choose_sleep_level(self.policy, push_due, self.costs, final)
         if decision.level:
             self._sleep(driver, decision.level, decision.reason)

@@ -61,13 +61,60 @@ def full_nbytes(param: torch.Tensor) -> int:
 
 
 class ColocatedVLLM(VLLMGeneration):
-    """vLLM in the training process, under a sleep policy that never generates from stale
-    weights. Construct it directly (tests, benchmarks) or through `ColocGRPOTrainer`.
+    """vLLM in the training process, under a sleep policy that never generates from stale weights.
+
+    TRL's `VLLMGeneration` in colocate mode with one owner of the engine's state: a [`SleepController`]
+    decides around every `generate` whether vLLM wakes, whether the trainer's weights are pushed, and how deep
+    it sleeps afterwards (docs/sleep-policy.md). `ColocGRPOTrainer` builds it; tests and benchmarks may build it
+    directly. Constructing it builds the vLLM engine (on every rank: a collective) and, unless the policy is
+    `off`, puts it to sleep before the trainer sets up. What each policy costs per step:
+    docs/benchmarks/gpu.md.
+
+    Args:
+        model ([`~transformers.PreTrainedModel`]):
+            The trainer's model, whole or partitioned by DeepSpeed ZeRO-3. vLLM loads the checkpoint at
+            `model.name_or_path`; the trainer's weights reach it through `push_weights`.
+        accelerator ([`~accelerate.Accelerator`]):
+            The trainer's accelerator: world size, this process's rank and device.
+        processing_class ([`~transformers.PreTrainedTokenizerBase`] or [`~transformers.ProcessorMixin`]):
+            Tokenizer or processor, as for TRL's `VLLMGeneration`.
+        settings ([`VLLMSettings`]):
+            The job's `spec.vllm` as the trainer config carries it: tensor-parallel size, GPU memory utilization,
+            max model length, max sequences, prefix caching, sleep policy and trainer-state offload. These win
+            over the same TRL arguments in `trl_kwargs`.
+        seed (`int`, *optional*, defaults to `0`):
+            Base seed. The engine's seed is equal within a TP group; with TP > 1 each request also carries a seed
+            derived from it, the group and the generate count (`tp_groups.request_seeds`).
+        bucket_bytes (`int`, *optional*, defaults to `DEFAULT_BUCKET_BYTES`):
+            Full-size parameter bytes per push bucket: one gather and one `load_weights` call per bucket.
+        gpus_per_node (`int`, *optional*):
+            GPUs per node, so that a TP group stays inside one node. Defaults to `$LOCAL_WORLD_SIZE`, else the
+            world size.
+        engine_holds_trainer_weights (`bool`, *optional*, defaults to `False`):
+            Whether the checkpoint vLLM loads equals the trainer's weights at `weight_version()` (a fresh run, no
+            resume): then the first generate pushes nothing. Otherwise the engine's record starts unknown, a
+            level-2 sleep discards the loaded weights at once (unless the policy is `off`), and the first
+            generate pushes.
+        **trl_kwargs:
+            TRL's other `VLLMGeneration` arguments: sampling (`temperature`, `top_p`, `top_k`, `min_p`,
+            `repetition_penalty`, `max_completion_length`, `logprobs`, `generation_kwargs`,
+            `structured_outputs_regex`), `model_impl`, `trust_remote_code`. `mode` is always `"colocate"`, and
+            TRL's own `enable_sleep_mode` is always off.
 
     Hooks the owner sets after construction:
-    - `weight_version()`: the trainer's current weight version (its optimizer-step count);
-    - `deepspeed_engine()`: the DeepSpeed engine whose state may be offloaded, or None;
-    - `next_generate`: the owner's prediction for the cycle after the coming generate.
+        weight_version (`Callable[[], Hashable]`):
+            The trainer's current weight version; `ColocGRPOTrainer` gives its optimizer-step count. Defaults to
+            a constant 0.
+        deepspeed_engine (`Callable[[], Any]`):
+            The DeepSpeed engine whose state `settings.offload_trainer_state` moves to the CPU, or None.
+        next_generate ([`NextGenerate`] or `None`):
+            Set before each `generate`: whether an optimizer step (a push) comes before the next generate, and
+            whether any generate follows. `auto` chooses its sleep level from it; None reads as "no push due".
+
+    Raises:
+        ImportError: vLLM is not installed (it is imported when the engine is built).
+        TPLayoutError: `settings.tensor_parallel_size` does not divide the GPUs per node, or the world size is
+            not a multiple of the GPUs per node.
     """
 
     # (vLLM names with parameters, their full sizes, buckets): planned at the first push.
@@ -172,23 +219,41 @@ class ColocatedVLLM(VLLMGeneration):
 
     # -- EngineDriver protocol (called by the controller, in its order) --------------------
     def wake_weights(self) -> None:
+        """Map vLLM's weights back onto the GPU (`wake_up(tags=["weights"])`). After a level-2 sleep
+        their content is garbage until the controller's push."""
         empty_cache()  # TRL: avoids OOM when re-mapping the weights
         self.llm.wake_up(tags=["weights"])
 
     def wake_kv_cache(self) -> None:
+        """Offload the trainer state first (with `settings.offload_trainer_state`), then allocate vLLM's KV
+        cache and drop every cached prefix (the cache was discarded while asleep).
+
+        Raises:
+            TrainerStateOffloadError: the DeepSpeed engine cannot move its state (checked at the first
+                offload); the message names the spec field.
+        """
         self._offload_trainer_state()
         self.llm.wake_up(tags=["kv_cache"])
         # The KV cache was discarded while asleep: no cached prefix may survive.
         self.llm.reset_prefix_cache()
 
     def sleep(self, level: int) -> None:
+        """`LLM.sleep(level)`: 1 keeps the weights in pinned host memory, 2 discards them; both free the KV
+        cache. Then reloads an offloaded trainer state onto the GPU."""
         self.llm.sleep(level=level)
         self._reload_trainer_state()
 
     def push_weights(self) -> int:
-        """All trainer weights into vLLM, bucketed: one gather and one `load_weights` call
-        per bucket. Returns the bytes pushed. A collective under ZeRO-3: every rank calls it.
-        (PEFT and FSDP are refused by the API, so no other layout reaches this.)"""
+        """Load all of the trainer's weights into vLLM, bucketed: one gather and one `load_weights` call per
+        bucket (a parameter this rank already holds whole goes in without a gather). A collective under
+        ZeRO-3: every rank calls it. PEFT and FSDP are refused by the API, so no other layout reaches this.
+
+        Returns:
+            `int`: the bytes pushed, counted at full (unpartitioned) parameter size.
+
+        Raises:
+            TrainerStateOffloadedError: the trainer state is offloaded to the CPU right now.
+        """
         if self._trainer_state_offloaded:
             raise TrainerStateOffloadedError("the weight push read the trainer's parameters while they were offloaded")
         nbytes = self._push_bucketed()
@@ -223,8 +288,19 @@ class ColocatedVLLM(VLLMGeneration):
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
 
     def set_policy(self, policy: SleepPolicy | str) -> None:
-        """Switch the sleep policy at run time (tests, benchmarks: one engine per process).
-        Wakes the engine with the current weights first, so the new record starts true."""
+        """Switch the sleep policy at run time (tests and benchmarks: one engine per process).
+
+        Wakes the engine with the current weights first, so the new controller's record starts true; the
+        measured costs carry over. Then sleeps as the new policy does after a generate.
+
+        Args:
+            policy ([`SleepPolicy`] or `str`):
+                `"off"`, `"level1"`, `"level2"` or `"auto"`.
+
+        Raises:
+            ValueError: `policy` is not a sleep policy, or it sleeps and the engine was built with the policy
+                `off` (vLLM fixes sleep mode when it builds the engine).
+        """
         policy = SleepPolicy(policy)
         # The build-time setting decides, not the current policy: an engine built with sleep
         # mode may switch to "off" and back.
@@ -242,8 +318,8 @@ class ColocatedVLLM(VLLMGeneration):
 
     # -- TRL's entry points --------------------------------------------------------------
     def sync_weights(self) -> None:
-        """TRL calls this when the global step changed; the push happens at the next
-        generate if and when the controller's record says the engine lacks the weights."""
+        """TRL calls this when the global step changed. Nothing moves here: the push happens at the next
+        `generate` if and when the controller's record says the engine lacks the trainer's weights."""
         log.debug("sync_weights: deferred to the next generate (policy %s)", self.sleep_policy.value)
 
     def generate(
@@ -253,6 +329,40 @@ class ColocatedVLLM(VLLMGeneration):
         num_generations: int,
         profiler: ProfilingContext | None = None,
     ) -> GenerateResult:
+        """Generate one completion per prompt from the trainer's current weights, as TRL's colocate mode.
+
+        First the controller makes the engine ready (wake, push if the engine's weights are not those of
+        `weight_version()`, KV cache) and checks the invariant; after the generate it puts the engine to sleep as
+        the policy and `next_generate` say. With TP > 1 the ranks of a group gather their prompts, generate them
+        all with identical per-request seeds and keep their own slice.
+
+        Args:
+            prompts (`list[list[int]]`):
+                Token ids, one list per prompt; TRL repeats each prompt `num_generations` times.
+            images (`list[list | None]` or `None`):
+                Per prompt, its images (PIL) or None; None when no prompt has images.
+            num_generations (`int`):
+                Completions per distinct prompt. Unused: vLLM samples one completion per entry of `prompts`.
+            profiler (`ProfilingContext`, *optional*):
+                Wraps the vLLM call (TRL's profiling).
+
+        Returns:
+            `tuple` of (prompt_ids, completion_ids, logprobs, logprob_token_ids), for this rank's prompts in order:
+
+            - `prompt_ids`: `list[list[int]]` of shape `(len(prompts), prompt_len)`.
+            - `completion_ids`: `list[list[int]]` of shape `(len(prompts), completion_len)`.
+            - `logprobs`: `list[list[list[float | None]]]` of shape `(len(prompts), completion_len, num_logprobs)`,
+              or None when vLLM returned no log-probs.
+            - `logprob_token_ids`: `list[list[list[int]]]`, the same shape as `logprobs`.
+
+            `num_logprobs` is 1 for TRL's `logprobs=0`, up to N+1 for `logprobs=N`, as in TRL.
+
+        Raises:
+            StaleWeightsError: the engine would generate from weights other than the trainer's current ones (a
+                bug; the check runs right before every generate).
+            TrainerStateOffloadError: `settings.offload_trainer_state` and the DeepSpeed engine cannot move its
+                state (checked at the first offload).
+        """
         from vllm import SamplingParams
 
         version = self.weight_version()
@@ -370,6 +480,9 @@ class ColocatedVLLM(VLLMGeneration):
 
     # -- metrics ---------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
+        """Counters and seconds for TRL's log, keyed `generation/<name>`: generates, pushes, bytes pushed,
+        sleeps per level, wakes and push/wake/sleep seconds since the policy was last set (`set_policy`), and
+        generate/offload seconds since the engine was built."""
         out = {f"generation/{k}": float(v) for k, v in self.controller.counters.as_dict().items()}
         out["generation/generate_seconds"] = self.generate_seconds
         out["generation/offload_seconds"] = self.offload_seconds

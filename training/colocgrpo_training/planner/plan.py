@@ -42,6 +42,8 @@ class Term:
 
 @dataclasses.dataclass
 class MemoryPlan:
+    """The planner's answer for one job; sizes in GiB per GPU, as `plan_job` documents."""
+
     fits: bool
     gpu_memory_gib: float
     per_gpu_training_gib: float  # training-phase peak, vLLM's leftovers included
@@ -419,10 +421,31 @@ def plan_from_spec(
     gpu_memory_gib: float | None = None,
     annotations: Mapping[str, str] | None = None,
 ) -> MemoryPlan:
-    """Plan a job spec given as a camelCase dict or a typed ColocGRPOJobSpec.
+    """Plan a job spec: per-GPU memory of the training and generation phases, and the vLLM reservation.
 
-    Raises PlanInputError (with `.field`) when the spec cannot be planned, e.g. an unknown model
-    without spec.model.parameterCount.
+    Args:
+        spec (`dict` or `ColocGRPOJobSpec`):
+            The job's `spec`, as a camelCase dict (YAML, the API server) or the typed model. Fields the plan
+            does not read are ignored.
+        base_dir (`str` or `Path`, *optional*):
+            Where a relative `spec.model.name` directory (one with a `config.json`) is looked up, e.g. the job
+            file's folder. Defaults to the working directory.
+        gpu_memory_gib (`float`, *optional*):
+            Memory per GPU in GiB, as torch's `total_memory` counts it. Defaults to the annotation
+            `colocgrpo.io/gpu-memory-gib` in `annotations`, else `DEFAULT_GPU_MEMORY_GIB` (an H200).
+        annotations (`Mapping[str, str]`, *optional*):
+            The job's `metadata.annotations`.
+
+    Returns:
+        [`MemoryPlan`]: `fits`; the per-GPU peaks `per_gpu_training_gib`, `per_gpu_generation_gib` and
+        `per_gpu_vllm_gib`; `recommended_gpu_memory_utilization` and the workable `utilization_range`
+        (`(low, high)`); the `problems` that keep it from fitting, `warnings`, `assumptions`, and every
+        `terms` entry (phase, name, bytes). A CPU job (`gpusPerNode` 0) gets a plan that fits with nothing in
+        it. The formulas and their sources: docs/planner.md.
+
+    Raises:
+        PlanInputError: the spec cannot be planned, e.g. an unknown model without `spec.model.parameterCount`
+            or a GPU-memory annotation that is not a number; `.field` names the field to fix.
     """
     if is_cpu_job(spec):
         return cpu_job_plan()
@@ -436,7 +459,25 @@ def plan_from_spec(
 
 
 def plan_job(job: Any, *, gpu_memory_gib: float | None = None, base_dir: str | Path | None = None) -> MemoryPlan:
-    """Plan a `ColocGRPOJob` (typed model) or a job dict; reads the GPU-memory annotation from metadata."""
+    """Plan a whole job: the entry point of the operator (the `PlanWarning` condition) and `colocgrpo plan`.
+
+    Args:
+        job (`dict` or `ColocGRPOJob`):
+            The job as a dict (YAML, the API server) or the typed model. Its `metadata.annotations` may set the
+            memory per GPU (`colocgrpo.io/gpu-memory-gib`).
+        gpu_memory_gib (`float`, *optional*):
+            Memory per GPU in GiB; wins over the annotation. Defaults as in `plan_from_spec`.
+        base_dir (`str` or `Path`, *optional*):
+            Where a relative local model directory is looked up (`colocgrpo plan` passes the job file's folder).
+
+    Returns:
+        [`MemoryPlan`]: as `plan_from_spec`. `plan.lines()` renders it as text, `plan.to_dict()` as JSON,
+        `plan.condition_message()` as one paragraph.
+
+    Raises:
+        PlanInputError: the job has no `spec`, or the spec cannot be planned (see `plan_from_spec`); `.field`
+            names the field to fix.
+    """
     if isinstance(job, Mapping):
         spec = job.get("spec")
         metadata = job.get("metadata") or {}
