@@ -1,7 +1,7 @@
 """One clean line, not a traceback, when a cluster-facing command cannot use the cluster.
 
-A user with no kubeconfig, the wrong context or a stopped cluster otherwise meets a
-kubernetes-client/urllib3 traceback. Commands that talk to the API server wrap their
+A user with no kubeconfig, a malformed one, a failing exec plugin, the wrong context or a
+stopped cluster otherwise meets a urllib3 traceback. Commands that talk to the API server wrap their
 handler with `reports_cluster_errors`; these failures then exit 2 ("bad arguments or
 environment", as `watch` documents) with a line that says what to check.
 """
@@ -19,13 +19,18 @@ EXIT_CLUSTER_ERROR = 2
 
 def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str | None:
     """The user-facing line for ERROR, or None when it is not a cluster-access problem."""
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config.config_exception import ConfigException
     from urllib3.exceptions import HTTPError, MaxRetryError
 
+    from colocgrpo_operator.controller.credentials import CredentialsError
+    from colocgrpo_operator.controller.kube import KubeApiError
+
     source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    if isinstance(error, ConfigException):
-        return f"kubeconfig {source}: {error} (pass --kubeconfig or set KUBECONFIG)"
+    if isinstance(error, CredentialsError):
+        text = str(error)
+        # Messages about a file already name it; the others get the hint which file it was.
+        if text.startswith("kubeconfig ") or text.startswith("no kubeconfig"):
+            return text if "--kubeconfig" in text else f"{text} (pass --kubeconfig or set KUBECONFIG)"
+        return f"{text} (kubeconfig {source})"
     if isinstance(error, MaxRetryError):
         pool = getattr(error, "pool", None)
         where = f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else "the API server"
@@ -36,8 +41,8 @@ def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str 
         return f"cannot reach the Kubernetes API server at {where} ({detail}); is the cluster up? (kubeconfig {source})"
     if isinstance(error, HTTPError):
         return f"cannot reach the Kubernetes API server: {error} (kubeconfig {source})"
-    if isinstance(error, ApiException):
-        return f"the API server refused the request: {error.status} {error.reason}"
+    if isinstance(error, KubeApiError):
+        return f"the API server refused the request: {error.status} {error.reason}: {error.message}"
     return None
 
 

@@ -46,54 +46,52 @@ def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
 
 @reports_cluster_errors
 def run(args: argparse.Namespace) -> int:
-    from kubernetes import config
-    from kubernetes.client import CoreV1Api
-    from kubernetes.client.exceptions import ApiException
-
     from colocgrpo_operator.api import COMPLETION_INDEX_KEY, JOB_NAME_LABEL
-    from colocgrpo_operator.cli.watch import _context_namespace
+    from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 
-    api_client = config.new_client_from_config(config_file=args.kubeconfig)
-    namespace = args.namespace or _context_namespace(args.kubeconfig)
-    core = CoreV1Api(api_client)
-    listing = core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={args.name}")
-    pods = [api_client.sanitize_for_serialization(p) for p in listing.items]
+    api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", pool_size=1)
+    namespace = args.namespace or api.credentials.namespace or "default"
+    listing = api.request(
+        "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"{JOB_NAME_LABEL}={args.name}"}
+    )
+    pods: list[dict[str, Any]] = (listing or {}).get("items") or []
     pod = pick_pod(pods, args.rank)
     if pod is None:
         ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_KEY) for p in pods} - {None})
-        if not pods and not _job_exists(api_client, namespace, args.name):
+        if not pods and not _job_exists(api, namespace, args.name):
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
             return 2
         hint = f" (ranks with pods: {', '.join(ranks)})" if ranks else " (the job has no pods yet)"
         print(f"error: no pod of rank {args.rank} for job {namespace}/{args.name}{hint}", file=sys.stderr)
         return 2
     name = pod["metadata"]["name"]
-    kwargs: dict[str, Any] = {"container": "trainer", "follow": args.follow, "previous": args.previous}
+    query = {"container": "trainer", "follow": str(args.follow).lower(), "previous": str(args.previous).lower()}
     if args.tail is not None:
-        kwargs["tail_lines"] = args.tail
+        query["tailLines"] = str(args.tail)
     try:
-        # Unpreloaded, the client returns the raw urllib3 response (its annotation says str).
-        response: Any = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
-        for chunk in response.stream(4096):
-            sys.stdout.write(chunk.decode("utf-8", "replace"))
-            sys.stdout.flush()
-    except ApiException as error:
-        print(f"error: logs of pod {namespace}/{name}: {error.reason}: {error.body or ''}".strip(), file=sys.stderr)
+        response = api.stream(f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query)
+        try:
+            for chunk in response.stream(4096):
+                sys.stdout.write(chunk.decode("utf-8", "replace"))
+                sys.stdout.flush()
+        finally:
+            response.release_conn()
+    except KubeApiError as error:
+        print(f"error: logs of pod {namespace}/{name}: {error.reason}: {error.message}".strip(), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        api.close()
     return 0
 
 
-def _job_exists(api_client: Any, namespace: str, name: str) -> bool:
-    from kubernetes.client import CustomObjectsApi
-    from kubernetes.client.exceptions import ApiException
-
-    from colocgrpo_operator.api import GROUP, PLURAL, VERSION
+def _job_exists(api: Any, namespace: str, name: str) -> bool:
+    from colocgrpo_operator.controller.kube import KIND, KubeApiError, object_path
 
     try:
-        CustomObjectsApi(api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as error:
+        api.request("GET", object_path(KIND, namespace, name))
+    except KubeApiError as error:
         if error.status == 404:
             return False
         raise

@@ -139,6 +139,17 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    # One Credentials object for the operator's client and kopf's session (an exec plugin runs
+    # once per token, not once per client); a kubeconfig that cannot be used is one line here,
+    # not a traceback from inside kopf.
+    from colocgrpo_operator.controller.credentials import CredentialsError, load_credentials
+
+    try:
+        credentials = load_credentials(config.kubeconfig)
+        credentials.bearer_token()
+    except CredentialsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     limit_malloc_arenas()
     keep_out_unused_clients()
     configure_logging(config.log_level)
@@ -153,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
         clusterwide=config.clusterwide,
         namespaces=list(config.namespaces),
         liveness_endpoint=liveness,
-        memo=kopf.Memo(config=config),  # read by the startup and login handlers (controller/startup.py)
+        # Read by the startup and login handlers (controller/startup.py).
+        memo=kopf.Memo(config=config, credentials=credentials),
     )
     return 0
 

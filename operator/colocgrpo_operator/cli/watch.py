@@ -7,9 +7,11 @@ Uses a watch stream on the one object (field-selected by name), not polling.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import Any
 
 from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
 
@@ -103,22 +105,18 @@ def _plain_line(obj: dict[str, Any]) -> str:
 
 @reports_cluster_errors
 def run(args: argparse.Namespace) -> int:
-    from kubernetes import config, watch
-    from kubernetes.client import CustomObjectsApi
-    from kubernetes.client.exceptions import ApiException
     from rich.console import Console
     from rich.live import Live
 
-    from colocgrpo_operator.api import GROUP, PLURAL, VERSION
+    from colocgrpo_operator.controller.kube import KIND, KubeApi, KubeApiError, object_path
 
-    api_client = config.new_client_from_config(config_file=args.kubeconfig)
-    namespace = args.namespace or _context_namespace(args.kubeconfig)
-    api = CustomObjectsApi(api_client)
+    api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", pool_size=1)
+    namespace = args.namespace or api.credentials.namespace or "default"
     console = Console(stderr=False)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     try:
-        obj = cast("dict[str, Any]", api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name))
-    except ApiException as error:
+        obj = api.request("GET", object_path(KIND, namespace, args.name)) or {}
+    except KubeApiError as error:
         if error.status == 404:
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
             return 2
@@ -150,28 +148,24 @@ def run(args: argparse.Namespace) -> int:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            stream = watch.Watch()
             timeout = int(min(remaining, 60)) + 1 if remaining is not None else 60
-            for event in stream.stream(
-                api.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                field_selector=f"metadata.name={args.name}",
-                timeout_seconds=timeout,
-            ):
-                if event.get("type") == "DELETED":
+            version = (obj.get("metadata") or {}).get("resourceVersion") or ""
+            for event in _watch_events(api, namespace, args.name, version, timeout):
+                kind = event.get("type")
+                if kind == "ERROR":  # e.g. 410 Gone: the version is too old; read the job again
+                    obj = api.request("GET", object_path(KIND, namespace, args.name)) or obj
+                    break
+                if kind == "DELETED":
                     print(f"\nColocGRPOJob {namespace}/{args.name} was deleted", file=sys.stderr)
                     return 1
                 obj = event.get("object") or obj
                 show(obj)
                 if finished(obj) is not None or (deadline is not None and time.monotonic() > deadline):
-                    stream.stop()
                     break
     finally:
         if live is not None:
             live.stop()
+        api.close()
     code = finished(obj)
     if code is None:
         print(f"timed out after {args.timeout:g}s; phase {(obj.get('status') or {}).get('phase')}", file=sys.stderr)
@@ -181,11 +175,22 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _context_namespace(kubeconfig: str | None) -> str:
-    from kubernetes import config
+def _watch_events(api: Any, namespace: str, name: str, version: str, timeout: int) -> Iterator[dict[str, Any]]:
+    """The watch events of one ColocGRPOJob from `version` on, for at most `timeout` seconds
+    (the API server ends the stream then)."""
+    from colocgrpo_operator.controller.kube import KIND, object_path
 
+    query = {"watch": "true", "fieldSelector": f"metadata.name={name}", "timeoutSeconds": str(timeout)}
+    if version:
+        query["resourceVersion"] = version
+    response = api.stream(object_path(KIND, namespace), query=query, read_timeout=timeout + 10)
     try:
-        _, context = config.list_kube_config_contexts(config_file=kubeconfig)
-        return (context or {}).get("context", {}).get("namespace") or "default"
-    except Exception:
-        return "default"
+        buffer = b""
+        for chunk in response.stream(65536):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+    finally:
+        response.release_conn()

@@ -9,6 +9,9 @@ Every request is counted by verb (`colocgrpo_operator_api_requests_total`).
 from __future__ import annotations
 
 import json
+import random
+import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,7 +19,7 @@ import urllib3
 
 from colocgrpo_operator.api import GROUP, KIND, PLURAL, VERSION
 from colocgrpo_operator.controller.credentials import Credentials, load_credentials
-from colocgrpo_operator.controller.metrics import API_REQUESTS
+from colocgrpo_operator.controller.metrics import API_REQUESTS, API_RETRIES
 
 # kind -> (API path prefix, plural) for every child the renderer produces, and the job itself.
 _KIND_PATHS = {
@@ -28,6 +31,24 @@ _KIND_PATHS = {
     "Job": ("/apis/batch/v1", "jobs"),
     KIND: (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
+
+
+# How long one call keeps retrying 429s, and the backoff between them: the first waits for the
+# server's Retry-After (APF sends 1 s), later ones double up to RETRY_MAX_DELAY_SECONDS.
+RETRY_BUDGET_SECONDS = 60.0
+RETRY_MAX_DELAY_SECONDS = 16.0
+
+
+def retry_delay(retry_after: str | None, attempt: int) -> float:
+    """Seconds to wait before retry number `attempt` (0-based) of a throttled request: at least
+    the server's Retry-After (in seconds; an HTTP date or junk counts as 1 s), at least an
+    exponential backoff, plus up to 25 % jitter so throttled threads do not return in step."""
+    try:
+        server = max(float(retry_after), 0.0) if retry_after is not None else 1.0
+    except ValueError:
+        server = 1.0
+    backoff = min(0.5 * 2**attempt, RETRY_MAX_DELAY_SECONDS)
+    return max(server, backoff) * (1 + random.random() / 4)
 
 
 def object_path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -62,7 +83,8 @@ def connection_pool(credentials: Credentials, size: int) -> urllib3.PoolManager:
         "maxsize": size,
         "block": True,
         "ssl_context": credentials.ssl_context(),
-        "retries": urllib3.Retry(total=3, redirect=0),
+        # Connection failures only: answers (429s included) are KubeApi._send's to retry or not.
+        "retries": urllib3.Retry(total=3, redirect=0, respect_retry_after_header=False),
     }
     if credentials.insecure:
         options.update(cert_reqs="CERT_NONE", assert_hostname=False)
@@ -81,8 +103,16 @@ class KubeApi:
         timeout: read timeout of every request, in seconds (connect: at most 10).
     """
 
-    def __init__(self, credentials: Credentials, field_manager: str, pool_size: int = 16, timeout: float = 30):
+    def __init__(
+        self,
+        credentials: Credentials,
+        field_manager: str,
+        pool_size: int = 16,
+        timeout: float = 30,
+        retry_budget: float = RETRY_BUDGET_SECONDS,
+    ):
         self.credentials = credentials
+        self.retry_budget = retry_budget
         self.field_manager = field_manager
         # One connection per worker thread, so threads never queue for a socket.
         self.pool = connection_pool(credentials, max(pool_size, 4))
@@ -103,22 +133,76 @@ class KubeApi:
         method: str,
         path: str,
         body: Any = None,
-        query: dict[str, str] | None = None,
+        query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
         """One API call; raises KubeApiError (with .status) on any non-2xx answer."""
-        API_REQUESTS.labels(verb=method).inc()
-        url = f"{self.server}{path}?{urlencode(query)}" if query else f"{self.server}{path}"
-        headers = {"Accept": "application/json", **self.credentials.auth_headers()}
-        payload = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            payload = json.dumps(body, separators=(",", ":")).encode()  # JSON is YAML too (apply)
-        response = self.pool.request(method, url, body=payload, headers=headers, timeout=self.timeout)
+        response = self._send(method, path, body, query, content_type, preload=True, timeout=self.timeout)
         data = response.data
         if not 200 <= response.status <= 299:
             raise KubeApiError(response.status, response.reason or "", data.decode("utf-8", "replace"))
         return json.loads(data) if data else None
+
+    def stream(self, path: str, query: Mapping[str, str] | None = None, read_timeout: float | None = None) -> Any:
+        """GET `path` without reading the answer: the open urllib3 response, for watch streams
+        and followed logs (close it with release_conn() when done). Raises KubeApiError on a
+        non-2xx answer, as request() does."""
+        timeout = urllib3.Timeout(connect=self.timeout.connect_timeout, read=read_timeout)
+        response = self._send("GET", path, None, query, "application/json", preload=False, timeout=timeout)
+        if not 200 <= response.status <= 299:
+            data = response.read()
+            response.release_conn()
+            raise KubeApiError(response.status, response.reason or "", data.decode("utf-8", "replace"))
+        return response
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        *,
+        preload: bool,
+        timeout: urllib3.Timeout,
+    ) -> urllib3.BaseHTTPResponse:
+        """Send one request, and again where the API server's answer says another try will do:
+        after a 401 once the credentials have a new token (a rotated file, a re-run exec plugin),
+        and after a 429 (API Priority and Fairness shedding load) once `Retry-After` and a growing
+        backoff have passed, for at most `retry_budget` seconds in all. A 429 is refused before
+        the request runs, so any verb may be retried."""
+        API_REQUESTS.labels(verb=method).inc()
+        url = f"{self.server}{path}?{urlencode(query)}" if query else f"{self.server}{path}"
+        payload = None
+        if body is not None:
+            payload = json.dumps(body, separators=(",", ":")).encode()  # JSON is YAML too (apply)
+        waited = 0.0
+        attempt = 0
+        reauthenticated = False
+        while True:
+            token = self.credentials.bearer_token()
+            headers = {"Accept": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            if payload is not None:
+                headers["Content-Type"] = content_type
+            response = self.pool.request(
+                method, url, body=payload, headers=headers, timeout=timeout, preload_content=preload
+            )
+            if response.status == 401 and not reauthenticated and self.credentials.refused(token):
+                reauthenticated = True
+                API_RETRIES.labels(reason="unauthorized").inc()
+            elif response.status == 429 and waited < self.retry_budget:
+                delay = min(retry_delay(response.headers.get("Retry-After"), attempt), self.retry_budget - waited)
+                attempt += 1
+                waited += delay
+                API_RETRIES.labels(reason="throttled").inc()
+                time.sleep(delay)
+            else:
+                return response
+            if not preload:
+                response.drain_conn()
+                response.release_conn()
 
     # -- children ------------------------------------------------------------------------------
 

@@ -26,6 +26,11 @@ API_REQUESTS = Counter(
     "Kubernetes API requests made by the handlers (kopf's own watches and patches not included)",
     ["verb"],
 )
+API_RETRIES = Counter(
+    "colocgrpo_operator_api_retries_total",
+    "Kubernetes API requests sent again: after a 401 with a refreshed token, or after a 429 (throttled)",
+    ["reason"],
+)
 
 
 class PhaseBook:

@@ -26,10 +26,10 @@ Why each kopf setting:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
-import aiohttp
 import kopf
 
 from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
@@ -37,6 +37,7 @@ from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
 from colocgrpo_operator.controller.reconciler import Key
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
+from colocgrpo_operator.controller.session import kopf_session
 
 WATCH_SERVER_TIMEOUT_SECONDS = 270
 WATCH_CLIENT_TIMEOUT_SECONDS = 300
@@ -103,7 +104,7 @@ async def start(
     apply_kopf_settings(settings, config)
     memo.runtime = OperatorRuntime.open(
         config,
-        credentials=_credentials(config),
+        credentials=await asyncio.to_thread(_credentials, memo, config),
         indices=JobIndices(jobs_by_name, batch_jobs_by_owner, pods_by_owner, workloads_by_job),
         executor=settings.execution.executor,
         logger=logging.getLogger("colocgrpo.operator"),
@@ -111,18 +112,25 @@ async def start(
     logger.info("colocgrpo operator configured (metrics port %s)", config.metrics_port or "off")
 
 
-def _credentials(config: OperatorConfig) -> Credentials:
-    """In-cluster ServiceAccount, else --kubeconfig / $KUBECONFIG, read when asked (not at import)."""
+def _credentials(memo: kopf.Memo, config: OperatorConfig) -> Credentials:
+    """The credentials `colocgrpo operator` loaded (one object for the operator's client and kopf's
+    session, so an exec plugin runs once per token); else in-cluster ServiceAccount, --kubeconfig
+    or $KUBECONFIG, read when asked (not at import)."""
+    credentials = memo.get("credentials")
+    if isinstance(credentials, Credentials):
+        return credentials
     try:
-        return load_credentials(config.kubeconfig)
+        memo.credentials = load_credentials(config.kubeconfig)
     except CredentialsError as error:
         raise kopf.PermanentError(str(error)) from error  # retrying cannot fix a missing kubeconfig
+    return memo.credentials
 
 
 @kopf.on.login()
 async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.AiohttpSession:
-    """kopf's session from the same credentials as the operator's own client (a ServiceAccount's
-    token is read afresh on each login: kopf logs in again when a rotated-out token gets a 401).
+    """kopf's session from the same credentials as the operator's own client (controller/session.py:
+    the current token on every request, so rotated ServiceAccount tokens and expiring exec-plugin
+    tokens are picked up without a re-login).
 
     Our own login handler also replaces kopf's default ones, which would go through the
     official kubernetes client (never imported in the operator, cli/operator.py); and the
@@ -130,17 +138,9 @@ async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> k
     kopf closes it with its own.
     """
     config = config_of(memo)
-    credentials = _credentials(config)
-    return kopf.AiohttpSession(
-        aiohttp_session=aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=config.kopf_connection_limit(), ssl=credentials.ssl_context()),
-            headers=credentials.auth_headers(),
-            proxy=credentials.proxy_url,
-            trust_env=settings.networking.trust_env,
-        ),
-        server=credentials.server,
-        default_namespace=credentials.namespace,
-    )
+    credentials = await asyncio.to_thread(_credentials, memo, config)
+    await asyncio.to_thread(credentials.bearer_token)  # an exec plugin may run: not on the loop
+    return kopf_session(credentials, config.kopf_connection_limit(), settings.networking.trust_env)
 
 
 @kopf.on.cleanup()
