@@ -49,7 +49,7 @@ def test_install_creates_the_crd_operator_and_identity(cluster_wide, kube_cluste
     crd = kube_cluster.kubectl("get", "crd", "colocgrpojobs.colocgrpo.io", "-o", "name").stdout.strip()
     assert crd == "customresourcedefinition.apiextensions.k8s.io/colocgrpojobs.colocgrpo.io"
     deployment = cluster_wide.deployment()
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2
     kube_cluster.kubectl("-n", cluster_wide.namespace, "get", "serviceaccount", cluster_wide.fullname)
     kube_cluster.kubectl("get", "clusterrole", cluster_wide.fullname)
     kube_cluster.kubectl("get", "clusterrolebinding", cluster_wide.fullname)
@@ -436,4 +436,4 @@ def test_helm_upgrade_switches_to_namespaced_rbac_and_back(cluster_wide, kube_cl
     upgrade("--reset-values")
     assert kube_cluster.kubectl("-n", namespace, "get", "role", cluster_wide.fullname, check=False).returncode != 0
     assert cluster_wide.operator_args()[0] == "--all-namespaces"
-    assert cluster_wide.deployment()["spec"]["strategy"] == {"type": "Recreate"}
+    assert cluster_wide.deployment()["spec"]["strategy"]["type"] == "RollingUpdate"

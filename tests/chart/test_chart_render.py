@@ -36,6 +36,8 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",  # leader election's Lease
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -82,16 +84,65 @@ def _operator_container(objects):
     return deployment, container
 
 
-def test_deployment_is_one_recreated_replica_with_liveness_probe(render_chart):
-    deployment, container = _operator_container(render_chart())
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+def test_deployment_is_two_elected_replicas_with_probes(render_chart):
+    objects = render_chart()
+    deployment, container = _operator_container(objects)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert {
+        "--leader-election",
+        "--leader-election-namespace=colocgrpo-system",
+        "--leader-election-name=cgo-colocgrpo-operator",
+        "--lease-duration=15",
+        "--renew-deadline=10",
+        "--retry-period=2",
+    } <= set(container["args"])
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "liveness"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"liveness": 8080, "metrics": 9090}
     assert probe["port"] == "liveness"
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    # The Lease: created once, then only that one read and renewed, in the release namespace.
+    role = next(
+        r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "cgo-colocgrpo-operator-leader-election"
+    )
+    assert role["metadata"]["namespace"] == "colocgrpo-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["cgo-colocgrpo-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
+def test_one_replica_without_election_is_recreated(render_chart):
+    objects = render_chart("--set", "replicas=1", "--set", "leaderElection.enabled=false")
+    deployment, container = _operator_container(objects)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in container["args"] if a.startswith("--leader-election")]
+    assert not [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (("leaderElection.enabled=false",), "replicas > 1 needs leaderElection.enabled"),
+        (("leaderElection.renewDeadline=20",), "retryPeriod < renewDeadline < leaseDuration"),
+    ],
+)
+def test_unsafe_election_settings_are_refused(helm, values, complaint):
+    sets = [arg for value in values for arg in ("--set", value)]
+    result = run_helm(helm, "template", "x", str(CHART), *sets, check=False)
+    assert result.returncode != 0 and complaint in result.stderr, result.stderr
 
 
 def test_deployment_is_hardened(render_chart):
@@ -119,6 +170,12 @@ def test_operator_command_line_defaults(render_chart):
         "--trainer-image=colocgrpo/trainer:0.1.0",
         "--log-level=INFO",
         "--liveness-port=8080",
+        "--leader-election",
+        "--leader-election-namespace=colocgrpo-system",
+        "--leader-election-name=cgo-colocgrpo-operator",
+        "--lease-duration=15",
+        "--renew-deadline=10",
+        "--retry-period=2",
         "--metrics-port=9090",
     ]
     assert container["image"] == "colocgrpo/operator:0.1.0"  # tag defaults to appVersion
@@ -217,7 +274,10 @@ def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "cgo-colocgrpo-operator", "namespace": "colocgrpo-system"}
     ]
-    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    # Cluster-wide, the only namespaced grant is leader election's Lease in the release namespace.
+    assert [r["metadata"]["name"] for r in by_kind(objects, "Role") + by_kind(objects, "RoleBinding")] == [
+        "cgo-colocgrpo-operator-leader-election"
+    ] * 2
 
 
 def test_no_rule_grants_secrets_exec_logs_wildcards_or_crd_writes(render_chart):
@@ -241,11 +301,11 @@ def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
     assert "--all-namespaces" not in container["args"]
     # Cluster scope keeps only the reads kopf needs: CRD discovery, and following the named namespaces.
     assert _rules(_operator_cluster_role(objects)) == {**CRD_DISCOVERY, **NAMESPACE_OBSERVATION}
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert _rules(role) == NAMESPACED_RULES
-    bindings = by_kind(objects, "RoleBinding")
+    bindings = [b for b in by_kind(objects, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"

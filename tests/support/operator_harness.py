@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +34,16 @@ def free_port() -> int:
 class OperatorProcess:
     """`colocgrpo operator` in a subprocess; start, SIGKILL, restart, stop."""
 
-    def __init__(self, kubeconfig: Path, namespaces: list[str], log_path: Path, recheck_seconds: float = 2):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespaces: list[str],
+        log_path: Path,
+        recheck_seconds: float = 2,
+        extra_args: tuple[str, ...] = (),
+    ):
         self.kubeconfig = kubeconfig
+        self.extra_args = extra_args
         self.namespaces = namespaces
         self.log_path = log_path
         self.recheck_seconds = recheck_seconds
@@ -53,6 +62,7 @@ class OperatorProcess:
             "--trainer-image=colocgrpo/trainer:test",
         ]
         flags += [f"--namespace={namespace}" for namespace in self.namespaces]
+        flags += list(self.extra_args)
         self.process = start_operator(REPO, self.kubeconfig, flags, self.log_path, append=True)
         deadline = time.monotonic() + timeout
         while not self.healthy():
@@ -68,6 +78,16 @@ class OperatorProcess:
                 return response.status == 200
         except OSError:
             return False
+
+    def probe(self, path: str = "/readyz") -> tuple[int, str]:
+        """(status, body) of a probe endpoint; (0, reason) when nothing answers."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}{path}", timeout=5) as response:
+                return response.status, response.read().decode().strip()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode().strip()
+        except OSError as error:
+            return 0, str(error)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:

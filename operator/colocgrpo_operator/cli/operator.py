@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from colocgrpo_operator.controller.config import LOG_LEVELS, ConfigError, OperatorConfig
+
+if TYPE_CHECKING:
+    from colocgrpo_operator.controller.credentials import Credentials
+    from colocgrpo_operator.controller.leadership import LeaderElector
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=defaults.liveness_port,
         metavar="PORT",
-        help="liveness probe port, path /healthz (0: off; default %(default)s)",
+        help="probe port: liveness /healthz, readiness /readyz (0: off; default %(default)s)",
     )
     parser.add_argument("--log-level", default=defaults.log_level, choices=LOG_LEVELS, help="default %(default)s")
     parser.add_argument(
@@ -80,6 +87,45 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="kopf's HTTP connections besides its watch streams (0: unbounded; default %(default)s)",
     )
+    election = parser.add_argument_group("leader election (several replicas, one reconciling)")
+    election.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="reconcile only while holding a coordination.k8s.io Lease; otherwise stand by to take over",
+    )
+    election.add_argument(
+        "--leader-election-namespace",
+        default=defaults.leader_election_namespace,
+        metavar="NS",
+        help="namespace of the Lease (default: $POD_NAMESPACE, else the kubeconfig's namespace, else default)",
+    )
+    election.add_argument(
+        "--leader-election-name",
+        default=defaults.leader_election_name,
+        metavar="NAME",
+        help="name of the Lease (default %(default)s)",
+    )
+    election.add_argument(
+        "--lease-duration",
+        type=float,
+        default=defaults.lease_duration,
+        metavar="SECONDS",
+        help="a standby takes over after this long without a renewal (default %(default)s)",
+    )
+    election.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=defaults.renew_deadline,
+        metavar="SECONDS",
+        help="the holder stops when it could not renew for this long (default %(default)s)",
+    )
+    election.add_argument(
+        "--retry-period",
+        type=float,
+        default=defaults.retry_period,
+        metavar="SECONDS",
+        help="how often the holder renews and a standby looks (default %(default)s)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -97,6 +143,12 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         kopf_connections=args.kopf_connections,
         kubeconfig=args.kubeconfig,
         log_level=args.log_level,
+        leader_election=args.leader_election,
+        leader_election_namespace=args.leader_election_namespace,
+        leader_election_name=args.leader_election_name,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
     )
 
 
@@ -157,17 +209,58 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from colocgrpo_operator.controller import handlers  # noqa: F401  (registers the handlers)
+    from colocgrpo_operator.controller.health import Probes, serve_probes
+    from colocgrpo_operator.controller.metrics import start_metrics_server
 
-    liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
-    kopf.run(
-        standalone=True,  # one replica (the chart's Deployment uses the Recreate strategy)
-        clusterwide=config.clusterwide,
-        namespaces=list(config.namespaces),
-        liveness_endpoint=liveness,
-        # Read by the startup and login handlers (controller/startup.py).
-        memo=kopf.Memo(config=config, credentials=credentials),
-    )
+    elector = _elector(config, credentials) if config.leader_election else None
+    if config.metrics_port > 0:
+        start_metrics_server(config.metrics_port)  # before standing by: a standby has metrics too
+    probes = Probes(elector)
+    probe_server = serve_probes(probes, config.liveness_port) if config.liveness_port else None
+    if elector is not None:
+        elector.start()
+        elector.wait_until_leading()  # standing by: no watches, no writes, only reading the Lease
+    loop = asyncio.new_event_loop()
+    probes.loop = loop
+    try:
+        kopf.run(
+            loop=loop,
+            standalone=True,  # no kopf peering: leader election (above) decides who reconciles
+            clusterwide=config.clusterwide,
+            namespaces=list(config.namespaces),
+            ready_flag=probes.started,
+            # Read by the startup and login handlers (controller/startup.py).
+            memo=kopf.Memo(config=config, credentials=credentials),
+        )
+    finally:
+        if elector is not None:
+            elector.stop(release=True)  # a standby takes over at once, not after the lease duration
+        if probe_server is not None:
+            probe_server.shutdown()
     return 0
+
+
+def _elector(config: OperatorConfig, credentials: Credentials) -> LeaderElector:
+    """The Lease candidate of this replica, with a client of its own."""
+    from colocgrpo_operator.api.naming import OPERATOR_NAME
+    from colocgrpo_operator.controller.kube import KubeApi
+    from colocgrpo_operator.controller.leadership import LeaderElector, Timing, default_identity
+
+    def lost(why: str) -> None:
+        # Another replica may take over from now on: stop reconciling at once, mid-whatever.
+        logging.getLogger("colocgrpo.operator").critical("leadership lost (%s): exiting", why)
+        logging.shutdown()
+        os._exit(3)
+
+    namespace = config.leader_election_namespace or os.environ.get("POD_NAMESPACE") or credentials.namespace
+    return LeaderElector(
+        KubeApi(credentials, field_manager=OPERATOR_NAME, pool_size=1, timeout=config.retry_period * 2),
+        namespace=namespace or "default",
+        name=config.leader_election_name,
+        identity=default_identity(),
+        timing=Timing(config.lease_duration, config.renew_deadline, config.retry_period),
+        on_lost=lost,
+    )
 
 
 def configure_logging(level: str) -> None:

@@ -25,6 +25,12 @@ FLAGS = {
     "kopf_connections": "--kopf-connections",
     "kubeconfig": "--kubeconfig",
     "log_level": "--log-level",
+    "leader_election": "--leader-election",
+    "leader_election_namespace": "--leader-election-namespace",
+    "leader_election_name": "--leader-election-name",
+    "lease_duration": "--lease-duration",
+    "renew_deadline": "--renew-deadline",
+    "retry_period": "--retry-period",
 }
 
 # kopf's HTTP session bound (see `OperatorConfig.kopf_connection_limit`).
@@ -58,7 +64,7 @@ class OperatorConfig:
     metrics_port: int = 9090
     """Port of the Prometheus /metrics endpoint; 0 switches it off."""
     liveness_port: int = 8080
-    """Port of kopf's liveness endpoint (/healthz); 0 switches it off."""
+    """Port of the probes (liveness /healthz, readiness /readyz; controller/health.py); 0 switches them off."""
     recheck_seconds: float = 10.0
     """Period of the housekeeping loop's re-check of active jobs (stall detection granularity)."""
     api_threads: int = 16
@@ -69,6 +75,18 @@ class OperatorConfig:
     """Kubeconfig file; None: the pod's ServiceAccount when in a pod, else $KUBECONFIG or ~/.kube/config."""
     log_level: str = "INFO"
     """One of LOG_LEVELS."""
+    leader_election: bool = False
+    """Reconcile only while holding a coordination.k8s.io Lease; stand by otherwise (controller/leadership.py)."""
+    leader_election_namespace: str | None = None
+    """Namespace of the Lease; None: $POD_NAMESPACE, else the kubeconfig context's, else `default`."""
+    leader_election_name: str = "colocgrpo-operator"
+    """Name of the Lease (one per operator installation)."""
+    lease_duration: float = 15.0
+    """Seconds of a holder's silence after which a standby takes the Lease."""
+    renew_deadline: float = 10.0
+    """Seconds a holder keeps failing to renew before it stops (below lease_duration)."""
+    retry_period: float = 2.0
+    """Seconds between renewals, and between a standby's looks at the Lease (below renew_deadline)."""
 
     def __post_init__(self) -> None:
         for namespace in self.namespaces:
@@ -99,6 +117,18 @@ class OperatorConfig:
                 raise ConfigError(FLAGS["kubeconfig"], f"no such file: {self.kubeconfig}")
             # kopf and the operator's client read it later, maybe from another working directory.
             object.__setattr__(self, "kubeconfig", os.path.abspath(self.kubeconfig))
+        for name in ("lease_duration", "renew_deadline", "retry_period"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(FLAGS[name], f"must be a positive number of seconds; got {value!r}")
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ConfigError(
+                FLAGS["renew_deadline"],
+                "leader election needs --retry-period < --renew-deadline < --lease-duration; got "
+                f"{self.retry_period:g} < {self.renew_deadline:g} < {self.lease_duration:g}",
+            )
+        if not self.leader_election_name.strip():
+            raise ConfigError(FLAGS["leader_election_name"], "must not be empty")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(FLAGS["log_level"], f"must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}")
 

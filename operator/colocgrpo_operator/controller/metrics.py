@@ -32,6 +32,11 @@ API_RETRIES = Counter(
     ["reason"],
 )
 
+LEADER = Gauge(
+    "colocgrpo_operator_leader",
+    "1 on the replica that holds the leader-election Lease and reconciles, 0 on a standby",
+)
+
 
 class PhaseBook:
     """The last phase of every job, so the phase gauge is exact (not a running sum)."""
@@ -57,9 +62,17 @@ class PhaseBook:
             JOBS_BY_PHASE.labels(phase=phase).set(self._counts[phase])
 
 
+_SERVERS: dict[int, Any] = {}
+
+
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics in a daemon thread; returns the server (shutdown() stops it)."""
+    """Serve /metrics in a daemon thread; returns the server (shutdown() stops it). Started once
+    per port: `colocgrpo operator` starts it before leader election (a standby has metrics too),
+    the startup handler gets the same one."""
+    if port in _SERVERS:
+        return _SERVERS[port]
     for name in PHASES:
         JOBS_BY_PHASE.labels(phase=name).set(0)
     server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    _SERVERS[port] = server
     return server
