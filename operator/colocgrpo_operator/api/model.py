@@ -352,6 +352,11 @@ class PodTemplateSpec(_Spec):
     )
 
 
+# Every duration's maximum: a year. Without one, the CRD accepted values whose nanoseconds overflow
+# the Job controller's int64 arithmetic (9223372037 s and up), which fails the Job at once.
+MAX_DURATION_SECONDS = 365 * 24 * 3600
+
+
 class RunPolicySpec(_Spec):
     """How the gang runs, restarts and ends."""
 
@@ -362,12 +367,23 @@ class RunPolicySpec(_Spec):
     max_restarts: int = Field(
         default=3, ge=0, description="Whole-gang restarts after a failure before the job is Failed."
     )
-    active_deadline_seconds: int | None = Field(default=None, gt=0, description="Fail the job after running this long.")
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DURATION_SECONDS,
+        description="Fail the job after running this long (at most a year).",
+    )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the job this long after it finished. Mutable."
+        default=None,
+        ge=0,
+        le=MAX_DURATION_SECONDS,
+        description="Delete the job this long after it finished (at most a year). Mutable.",
     )
     stall_timeout_seconds: int | None = Field(
-        default=None, gt=0, description="Mark the job Stalled when the training step does not advance for this long."
+        default=None,
+        gt=0,
+        le=MAX_DURATION_SECONDS,
+        description="Mark the job Stalled when the training step does not advance for this long (at most a year).",
     )
 
 
