@@ -257,7 +257,10 @@ NAMESPACED_RULES = {
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # read-only: why a queued job waits
 }
-CRD_DISCOVERY = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+CRD_DISCOVERY = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"get"},  # is a job's namespace being deleted?
+}
 NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
 
 

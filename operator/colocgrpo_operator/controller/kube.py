@@ -76,6 +76,24 @@ class KubeApiError(Exception):
         super().__init__(f"({status}) {reason}: {self.message}")
 
 
+class ObjectGone(Exception):
+    """The object a write was meant for was deleted, or replaced by another of the same name."""
+
+    def __init__(self, kind: str, namespace: str, name: str, uid: str):
+        self.kind, self.namespace, self.name, self.uid = kind, namespace, name, uid
+        super().__init__(f"{kind} {namespace}/{name} (uid {uid}) is gone or was replaced")
+
+
+def _pointer(key: str) -> str:
+    """`key` as one JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def terminating_namespace(error: KubeApiError) -> bool:
+    """A write refused because its namespace is being deleted (403 from NamespaceLifecycle)."""
+    return error.status == 403 and "because it is being terminated" in error.message
+
+
 def connection_pool(credentials: Credentials, size: int) -> urllib3.PoolManager:
     """Keep-alive connections to the API server, at most `size` open at once (a thread that
     finds them all busy waits for one instead of opening another)."""
@@ -266,13 +284,49 @@ class KubeApi:
 
     # -- the ColocGRPOJob itself ---------------------------------------------------------------
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the status subresource. `status` must not contain `progress` (the
-        trainer's); a merge patch leaves keys it does not mention untouched."""
+    def patch_status(
+        self, namespace: str, name: str, uid: str, status: Mapping[str, Any], *, whole: bool = False
+    ) -> dict[str, Any] | None:
+        """Write status keys of the job incarnation `uid` only: a JSON patch whose first op tests
+        /metadata/uid (a merge patch's metadata.uid is ignored on the status subresource, so it
+        cannot carry the precondition). Each key is set (None removes it: the API server prunes
+        nulls); `whole` sets the status object itself, for a job that has none yet. Never
+        mentions `status.progress` (the trainer's). Raises ObjectGone when the job was deleted or
+        replaced by another of the same name, KubeApiError otherwise."""
         assert "progress" not in status, "the operator never writes status.progress"
-        return self.request(
-            "PATCH",
-            object_path(KIND, namespace, name, "status"),
-            body={"status": status},
-            content_type="application/merge-patch+json",
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        if whole:
+            ops.append({"op": "add", "path": "/status", "value": {k: v for k, v in status.items() if v is not None}})
+        else:
+            ops += [{"op": "add", "path": f"/status/{_pointer(key)}", "value": value} for key, value in status.items()]
+        try:
+            return self.request(
+                "PATCH",
+                object_path(KIND, namespace, name, "status"),
+                body=ops,
+                content_type="application/json-patch+json",
+            )
+        except KubeApiError as error:
+            if error.status == 404 or (error.status == 422 and self._replaced(namespace, name, uid)):
+                raise ObjectGone(KIND, namespace, name, uid) from error
+            raise
+
+    def _replaced(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the job `name` is gone or is another incarnation than `uid` now."""
+        try:
+            current = self.request("GET", object_path(KIND, namespace, name)) or {}
+        except KubeApiError as error:
+            if error.status == 404:
+                return True
+            raise
+        return bool((current.get("metadata") or {}).get("uid") != uid)
+
+    def namespace_terminating(self, namespace: str) -> bool:
+        """Whether the namespace is being deleted (or is gone). False when that cannot be read."""
+        try:
+            found = self.request("GET", f"/api/v1/namespaces/{namespace}") or {}
+        except KubeApiError as error:
+            return error.status == 404
+        return bool((found.get("metadata") or {}).get("deletionTimestamp")) or (
+            (found.get("status") or {}).get("phase") == "Terminating"
         )

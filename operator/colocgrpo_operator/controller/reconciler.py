@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ import kopf
 from colocgrpo_operator.api import KIND, JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import set_condition
-from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
+from colocgrpo_operator.controller.kube import KubeApi, KubeApiError, ObjectGone, terminating_namespace
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, unpack
 
@@ -39,6 +40,17 @@ Inputs = tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
+
+
+# The largest spec the operator accepts. kopf keeps the last handled spec in an annotation, and a
+# job's annotations together may hold 256 KiB: a larger spec could not be tracked (its changes
+# would be taken for a new job's, unguarded by the frozen-spec check).
+MAX_SPEC_BYTES = 128 * 1024
+
+
+def spec_size(cr: dict[str, Any]) -> int:
+    """Bytes of the spec as compact JSON (what kopf's annotation would hold)."""
+    return len(json.dumps(cr.get("spec"), separators=(",", ":"), ensure_ascii=False).encode())
 
 
 class ParsedSpec:
@@ -58,6 +70,17 @@ class ParsedSpec:
         self.facts: derive.RunFacts | None = None
         self.plan_warning: tuple[bool, str, str] | None = None
         meta = cr.get("metadata") or {}
+        size = spec_size(cr)
+        if size > MAX_SPEC_BYTES:
+            self.problems = [
+                (
+                    "spec",
+                    f"is {size} bytes of JSON, more than the {MAX_SPEC_BYTES} the operator can track (it keeps a "
+                    "copy in an annotation, and all annotations share 256 KiB); shorten spec.trainerArgs or other "
+                    "long values",
+                )
+            ]
+            return
         try:
             self._job = _parse_user_spec(cr)
         except JobSpecError as error:
@@ -129,11 +152,19 @@ def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str,
     return patch
 
 
-def _resource_version(obj: dict[str, Any] | None) -> int:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except (TypeError, ValueError):
-        return 0
+class PredecessorPending(Exception):
+    """A child of this job's name still belongs to a deleted predecessor (same name, other uid)
+    that the garbage collector has not removed yet: applying ours must wait for it."""
+
+    def __init__(self, what: str):
+        self.what = what
+        super().__init__(f"{what} still belongs to a deleted job of the same name")
+
+
+# The API server's answer when an apply would give a child a second controller owner.
+_SECOND_CONTROLLER = "Only one reference can have Controller set to true"
+# How soon a job whose predecessor's children are still there looks again.
+PREDECESSOR_RETRY_SECONDS = 2.0
 
 
 class Reconciler:
@@ -163,10 +194,12 @@ class Reconciler:
         self._background: set[asyncio.Task] = set()  # reconcile_soon's tasks
         self._wakeup = asyncio.Event()
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
-        # Our own last status write per job, with its resourceVersion: the watch (and so the
-        # index) may lag behind it, and deciding from an older status could count twice.
-        # Packed like the indices' views (snapshots.py), as it is kept for every job.
-        self._written: dict[Key, tuple[int, str]] = {}
+        # Our own last status write per job, with the uid of the incarnation it was for: the watch
+        # (and so the index) may lag behind it, and deciding from an older status could count a
+        # failure twice. The index has caught up once it shows that very status (only the
+        # operator writes status, progress aside), so no resourceVersion is compared: the API
+        # calls them opaque. Packed like the indices' views (snapshots.py): one per job.
+        self._written: dict[Key, tuple[str, str]] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -281,11 +314,39 @@ class Reconciler:
             started = time.perf_counter()
             try:
                 await self._reconcile_locked(key, cr, job, pods, workloads, ensure_children=ensure_children)
+            except ObjectGone:
+                # Deleted, or replaced by a new job of the same name, since the inputs were read:
+                # nothing to do for this one (the new one has events of its own).
+                self.logger.debug("%s/%s went away mid-reconcile", *key)
+            except PredecessorPending as pending:
+                self.logger.info("%s/%s: %s; trying again in %g s", key[0], key[1], pending, PREDECESSOR_RETRY_SECONDS)
+                self._retry_later(key, read_inputs)
+            except KubeApiError as error:
+                if error.status == 404 or terminating_namespace(error):
+                    # The job or its namespace is going away: expected, not an error.
+                    self.logger.info("%s/%s: not reconciled, it is being deleted: %s", key[0], key[1], error.message)
+                    return
+                RECONCILE_ERRORS.labels(trigger=trigger).inc()
+                raise
             except Exception:
                 RECONCILE_ERRORS.labels(trigger=trigger).inc()
                 raise
             finally:
                 RECONCILE_SECONDS.labels(trigger=trigger).observe(time.perf_counter() - started)
+
+    def _retry_later(self, key: Key, read_inputs: Callable[[], Inputs]) -> None:
+        """Reconcile `key` again, children included, after PREDECESSOR_RETRY_SECONDS."""
+
+        async def retry() -> None:
+            await asyncio.sleep(PREDECESSOR_RETRY_SECONDS)
+            try:
+                await self.reconcile(key, read_inputs, trigger="retry", ensure_children=True)
+            except Exception as error:
+                self.logger.warning("retried reconcile of %s/%s failed (will re-check): %s", *key, error)
+
+        task = asyncio.get_running_loop().create_task(retry())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _reconcile_locked(
         self,
@@ -308,8 +369,13 @@ class Reconciler:
         progress = indexed_status.get("progress")
         previous = {k: v for k, v in indexed_status.items() if k != "progress"}
         written = self._written.get(key)
-        if written and written[0] > _resource_version(cr):
-            previous = unpack(written[1])
+        if written is not None:
+            if written[0] != meta.get("uid"):
+                self._written.pop(key, None)  # a previous incarnation's: never carried over
+            elif unpack(written[1]) == previous:
+                self._written.pop(key, None)  # the index caught up
+            else:
+                previous = unpack(written[1])
 
         parsed = self.parsed(cr)
         if not parsed.valid:
@@ -343,6 +409,10 @@ class Reconciler:
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
         if job is not None and not _owned_by(job, meta.get("uid")):
             job = None
+        # Only pods of this incarnation's Job are its evidence: a predecessor's pod failing in
+        # flight must not count as this job's failure.
+        job_uid = (job.get("metadata") or {}).get("uid") if job is not None else None
+        pods = [p for p in pods if job_uid is not None and _owned_by(p, job_uid)]
 
         def decide(batch_job: dict[str, Any] | None) -> tuple[derive.Assessment, dict[str, Any]]:
             assessment = derive.assess(parsed.facts, batch_job, pods, previous, now, progress, workloads)
@@ -359,8 +429,21 @@ class Reconciler:
 
         assessment, desired = decide(job)
         action = assessment.action
+        # Pods killed by a namespace teardown are not a gang failure: no restart, no count, and no
+        # phase change written or announced into a namespace that refuses new Events. Asked only
+        # when a failure or pods going away would change something (one GET, rarely).
+        going = any((p.get("metadata") or {}).get("deletionTimestamp") for p in pods)
+        if (assessment.failure is not None or (going and desired.get("phase") != previous.get("phase"))) and (
+            await self._blocking(self.kube.namespace_terminating, key[0])
+        ):
+            self.logger.info("%s/%s: its namespace is being deleted; nothing to judge", *key)
+            return
         try:
-            if ensure_children and desired.get("phase") not in derive.TERMINAL_PHASES:
+            # A Job about to be (re)created gets every other child first: a job revived after its
+            # children were refused or went missing would otherwise run without them.
+            if (ensure_children or action is derive.Action.CREATE_JOB) and (
+                desired.get("phase") not in derive.TERMINAL_PHASES
+            ):
                 await self._blocking(self._apply_children, cr, parsed, not previous)
             if action is derive.Action.CREATE_JOB:
                 created = await self._blocking(self._create_job, cr, parsed, desired, now)
@@ -404,8 +487,12 @@ class Reconciler:
         if desired == previous:
             return
         patch = _status_patch(previous, desired)
-        response = await self._blocking(self.kube.patch_status, key[0], key[1], patch)
-        self._written[key] = (_resource_version(response), pack(desired))
+        uid = (cr.get("metadata") or {}).get("uid") or ""
+        # A job with no status at all yet gets the status object itself (its keys cannot be set
+        # one by one under a missing parent).
+        whole = not previous and not (cr.get("status") or {})
+        await self._blocking(self.kube.patch_status, key[0], key[1], uid, patch, whole=whole)
+        self._written[key] = (uid, pack(desired))
         old_phase, new_phase = previous.get("phase"), desired.get("phase")
         if new_phase in derive.TERMINAL_PHASES:
             self.wake_up()
@@ -447,7 +534,12 @@ class Reconciler:
                 continue
             if new_job and self.kube.create(child):
                 continue
-            self.kube.apply(child)
+            try:
+                self.kube.apply(child)
+            except KubeApiError as error:
+                if error.status == 422 and _SECOND_CONTROLLER in error.message:
+                    raise PredecessorPending(f"{child['kind']} {child['metadata']['name']}") from error
+                raise
 
     def _create_job(
         self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any], now: datetime

@@ -27,6 +27,7 @@ Why each kopf setting:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -35,7 +36,7 @@ import kopf
 from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
 from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
-from colocgrpo_operator.controller.reconciler import Key
+from colocgrpo_operator.controller.reconciler import MAX_SPEC_BYTES, Key
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
 
@@ -47,6 +48,17 @@ WATCH_RECONNECT_BACKOFF_SECONDS = 1.0
 WORKER_IDLE_TIMEOUT_SECONDS = 0.5
 WORKER_EXIT_TIMEOUT_SECONDS = 2.0
 HANDLER_RETRY_BACKOFF_SECONDS = 5
+
+
+class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled-configuration annotation, left out for a spec too large to track: the
+    API server would refuse the annotation ("metadata.annotations: Too long") on every event, and
+    such a spec is refused as invalid anyway (reconciler.MAX_SPEC_BYTES)."""
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        if len(json.dumps(essence, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_SPEC_BYTES * 3 // 2:
+            return
+        super().store(body=body, patch=patch, essence=essence)
 
 
 def config_of(memo: kopf.Memo) -> OperatorConfig:
@@ -68,7 +80,7 @@ def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig)
     settings.networking.connect_timeout = CONNECT_TIMEOUT_SECONDS
 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=OPERATOR_ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = BoundedDiffBaseStorage(
         prefix=OPERATOR_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
 

@@ -1,0 +1,209 @@
+"""Deleting, recreating and tearing down against the real API server: a job's status is its own
+incarnation's, a predecessor's leftovers are waited for, not judged, a namespace teardown is not
+a gang failure, and what cannot be tracked or run is refused."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
+from support.operator_harness import condition, tiny_job, wait_for
+
+pytestmark = pytest.mark.cluster
+
+CRS = "/apis/colocgrpo.io/v1alpha1/namespaces/{ns}/colocgrpojobs"
+
+
+def _phase(cluster, ns: str, name: str) -> str | None:
+    return ((cluster.get_job(ns, name) or {}).get("status") or {}).get("phase")
+
+
+def _wait_phase(cluster, operator, ns: str, name: str, wanted: str, timeout: float = 60) -> dict:
+    return wait_for(
+        lambda: (obj := cluster.get_job(ns, name)) and (obj.get("status") or {}).get("phase") == wanted and obj,
+        timeout,
+        f"{ns}/{name} {wanted}",
+        on_timeout=lambda: f"{(cluster.get_job(ns, name) or {}).get('status')}\n{operator.log_tail()}",
+    )
+
+
+def _running_pod(cluster, ns: str, name: str) -> dict:
+    def find() -> dict | None:
+        for pod in cluster.pods(ns, name):
+            if (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp"):
+                return pod
+        return None
+
+    return wait_for(find, 60, f"a running pod of {name}")
+
+
+def _fail_pod(cluster, ns: str, pod: dict) -> None:
+    cluster.api.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+        body={"metadata": {"annotations": {"colocgrpo.dev/fake-exit": "1"}}},
+        content_type="application/merge-patch+json",
+    )
+
+
+def _log_since(operator, mark: int) -> str:
+    return operator.log_path.read_text(errors="replace")[mark:]
+
+
+def _log_mark(operator) -> int:
+    return len(operator.log_path.read_text(errors="replace"))
+
+
+def test_status_writes_carry_the_uid_of_their_incarnation(cluster, operator, op_namespace) -> None:
+    """A status patch for a deleted-and-recreated job's old uid is refused by the API server."""
+    ns = op_namespace
+    old = cluster.create_job(ns, tiny_job("again", runPolicy={"suspend": True}))
+    cluster.delete_job(ns, "again")
+    wait_for(lambda: cluster.get_job(ns, "again") is None, 30, "the first incarnation to go")
+    new = cluster.create_job(ns, tiny_job("again", runPolicy={"suspend": True}))
+    _wait_phase(cluster, operator, ns, "again", "Suspended")
+    with pytest.raises(ObjectGone):
+        cluster.api.patch_status(ns, "again", old["metadata"]["uid"], {"restarts": 7, "message": "stale"})
+    status = cluster.get_job(ns, "again")["status"]
+    assert status.get("restarts", 0) == 0 and status.get("message") != "stale"
+    written = cluster.api.patch_status(ns, "again", new["metadata"]["uid"], {"message": "mine"})
+    assert written["status"]["message"] == "mine"
+
+
+def test_a_recreated_job_never_shows_its_predecessors_failure(cluster, operator, op_namespace) -> None:
+    """Delete a job with a pod failure in flight and create it again at once, three times: the new
+    job's status is its own (no restart, no lastFailure, started after it was created)."""
+    ns = op_namespace
+    cluster.create_job(ns, tiny_job("phoenix", runPolicy={"maxRestarts": 3}))
+    for _ in range(3):
+        _fail_pod(cluster, ns, _running_pod(cluster, ns, "phoenix"))
+        cluster.delete_job(ns, "phoenix")
+        wait_for(lambda: cluster.get_job(ns, "phoenix") is None, 30, "the deleted job to go", interval=0.05)
+        created = cluster.create_job(ns, tiny_job("phoenix", runPolicy={"maxRestarts": 3}))
+        running = _wait_phase(cluster, operator, ns, "phoenix", "Running")
+        assert running["metadata"]["uid"] == created["metadata"]["uid"]
+        status = running["status"]
+        assert status.get("restarts", 0) == 0, status
+        assert not status.get("lastFailure"), status
+        assert status["startTime"] >= created["metadata"]["creationTimestamp"], status
+    jobs = [j for j in cluster.batch_jobs(ns, "phoenix") if not j["metadata"].get("deletionTimestamp")]
+    assert [o["uid"] for j in jobs for o in j["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
+
+
+def test_a_predecessors_child_is_waited_for_and_every_child_applied(cluster, operator, op_namespace) -> None:
+    """The `<job>-trainer` ServiceAccount still belongs to someone else (as a predecessor's does until
+    the garbage collector removes it): the job waits, it is not an invalid spec; once it is gone,
+    every child is applied and the job runs."""
+    ns = op_namespace
+    holder = cluster.api.request(
+        "POST", f"/api/v1/namespaces/{ns}/configmaps", body={"metadata": {"name": "holder"}, "data": {}}
+    )
+    owner = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "holder",
+        "uid": holder["metadata"]["uid"],
+        "controller": True,
+    }
+    cluster.api.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts",
+        body={"metadata": {"name": "heir-trainer", "ownerReferences": [owner]}},
+    )
+    cluster.create_job(ns, tiny_job("heir"))
+    wait_for(lambda: "heir-trainer" in operator.log_tail(200), 30, "the operator to meet the foreign ServiceAccount")
+    time.sleep(3)  # a few retries later it still waits: not Failed, no invalid spec
+    job = cluster.get_job(ns, "heir")
+    assert (job.get("status") or {}).get("phase") != "Failed", job.get("status")
+    assert condition(job, "SpecValid").get("status") != "False", job.get("status")
+    cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/holder")  # the GC takes the account now
+    running = _wait_phase(cluster, operator, ns, "heir", "Running", timeout=90)
+    uid = running["metadata"]["uid"]
+    for prefix, plural, child in [
+        ("/api/v1", "configmaps", "heir-config"),
+        ("/api/v1", "services", "heir"),
+        ("/api/v1", "serviceaccounts", "heir-trainer"),
+        ("/apis/rbac.authorization.k8s.io/v1", "roles", "heir-trainer"),
+        ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", "heir-trainer"),
+    ]:
+        obj = cluster.api.request("GET", f"{prefix}/namespaces/{ns}/{plural}/{child}")
+        assert [o["uid"] for o in obj["metadata"].get("ownerReferences") or []] == [uid], (plural, child)
+
+
+def test_a_restarted_gang_gets_its_missing_children_back(cluster, operator, op_namespace) -> None:
+    ns = op_namespace
+    cluster.create_job(ns, tiny_job("mend", runPolicy={"maxRestarts": 2}))
+    pod = _running_pod(cluster, ns, "mend")
+    cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/mend-config")
+    cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/mend")
+    _fail_pod(cluster, ns, pod)
+    wait_for(
+        lambda: (cluster.get_job(ns, "mend") or {}).get("status", {}).get("restarts") == 1,
+        60,
+        "the gang restart",
+        on_timeout=operator.log_tail,
+    )
+    _wait_phase(cluster, operator, ns, "mend", "Running")
+    assert cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/mend-config")
+    assert cluster.api.request("GET", f"/api/v1/namespaces/{ns}/services/mend")
+
+
+def test_a_spec_too_large_to_track_is_refused(cluster, operator, op_namespace) -> None:
+    ns = op_namespace
+    mark = _log_mark(operator)
+    cluster.create_job(ns, tiny_job("huge", trainerArgs={"run_name": "x" * 300_000}))
+    failed = _wait_phase(cluster, operator, ns, "huge", "Failed")
+    valid = condition(failed, "SpecValid")
+    assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+    assert "bytes" in valid["message"] and "spec.trainerArgs" in valid["message"]
+    assert not cluster.batch_jobs(ns, "huge")
+    assert not cluster.list("/api/v1", "configmaps", ns, "colocgrpo.io/job-name=huge")
+    time.sleep(2)
+    log = _log_since(operator, mark)
+    assert "Too long" not in log and "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("field", ["activeDeadlineSeconds", "stallTimeoutSeconds", "ttlSecondsAfterFinished"])
+def test_durations_have_a_maximum_in_the_crd(cluster, crd_installed, namespace, field) -> None:
+    with pytest.raises(KubeApiError) as refused:
+        cluster.create_job(namespace, tiny_job("forever", runPolicy={field: 9223372037}))
+    assert refused.value.status == 422
+    assert f"spec.runPolicy.{field}" in refused.value.message
+    cluster.create_job(namespace, tiny_job("a-year", runPolicy={field: 365 * 24 * 3600}))
+
+
+def test_deleting_the_namespace_is_not_a_gang_failure(cluster, kube_cluster, operator) -> None:
+    ns = kube_cluster.new_namespace("opt-teardown")
+    cluster.create_job(ns, tiny_job("doomed", runPolicy={"maxRestarts": 5}))
+    _running_pod(cluster, ns, "doomed")
+    _wait_phase(cluster, operator, ns, "doomed", "Running")
+    mark = _log_mark(operator)
+    kube_cluster.delete_namespace(ns)
+    wait_for(lambda: cluster.api.namespace_terminating(ns) and cluster.get_job(ns, "doomed") is None, 120,
+             "the namespace's job to go")  # fmt: skip
+    time.sleep(3)  # what the operator does as the last pods go
+    log = _log_since(operator, mark)
+    mine = [line for line in log.splitlines() if ns in line]
+    assert not [line for line in mine if "gang restart" in line or "-> Restarting" in line], mine
+    assert not [line for line in mine if " ERROR " in line], mine
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_jobs_deleted_mid_reconcile_log_no_errors(cluster, operator, op_namespace) -> None:
+    """Create and delete at once, again and again: the operator's writes meet 404s and replaced
+    objects, which are expected, not ERROR lines with tracebacks."""
+    ns = op_namespace
+    mark = _log_mark(operator)
+    for i in range(12):
+        cluster.create_job(ns, tiny_job(f"brief-{i % 3}"))
+        cluster.delete_job(ns, f"brief-{i % 3}")
+        wait_for(lambda i=i: cluster.get_job(ns, f"brief-{i % 3}") is None, 30, "the deletion", interval=0.05)
+    cluster.create_job(ns, tiny_job("last"))
+    _wait_phase(cluster, operator, ns, "last", "Running")
+    time.sleep(6)  # kopf retries a failed handler after 5 s: give it the chance to log one
+    log = _log_since(operator, mark)
+    assert "Traceback" not in log, log[-4000:]
+    assert not re.search(rf"ERROR .*{ns}", log), log[-4000:]
