@@ -294,7 +294,7 @@ def test_no_rule_grants_secrets_exec_logs_wildcards_or_crd_writes(render_chart):
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
             crd = _rules(role).get(("apiextensions.k8s.io", "customresourcedefinitions"), set())
             assert crd <= {"get", "list", "watch"}
-            assert _rules(role).get(("", "namespaces"), set()) <= {"list", "watch"}
+            assert _rules(role).get(("", "namespaces"), set()) <= {"get", "list", "watch"}  # read-only
 
 
 def test_namespaced_rbac_gives_a_role_per_watched_namespace(render_chart):
