@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import socket
@@ -73,22 +72,17 @@ class Operator:
         self.port = 0
 
     def start(self, timeout: float = 90) -> None:
+        from colocgrpo_operator.devcluster.commands import start_operator
+
         self.port = free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "colocgrpo_operator.cli",
-            "operator",
-            f"--kubeconfig={self.kubeconfig}",
+        flags = [
             f"--liveness-port={self.port}",
             "--metrics-port=0",
             "--recheck-seconds=2",
             "--trainer-image=colocgrpo/trainer:test",
             *(f"--namespace={ns}" for ns in self.namespaces),
         ]
-        env = dict(os.environ, PYTHONPATH=f"{self.src / 'operator'}:{self.src / 'training'}")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.src)
+        self.process = start_operator(self.src, self.kubeconfig, flags, self.log_path, append=True)
         deadline = time.monotonic() + timeout
         while not self.healthy():
             if self.process.poll() is not None:
@@ -113,13 +107,9 @@ class Operator:
             self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        from colocgrpo_operator.devcluster.commands import stop_process
+
+        stop_process(self.process)
 
     def tracebacks(self) -> list[str]:
         """Every traceback in the log, with the line before it (what was logged)."""

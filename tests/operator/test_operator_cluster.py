@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.fuzz import set_path
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
 from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
 
@@ -361,24 +362,6 @@ _PATHS = [
 ]
 
 
-def _set_path(body, path, value):
-    node = body
-    for part in path[:-1]:
-        if isinstance(part, int):
-            if not isinstance(node, list) or len(node) <= part:
-                return
-            node = node[part]
-        else:
-            if not isinstance(node.get(part), (dict, list)):
-                node[part] = {}
-            node = node[part]
-    if isinstance(path[-1], int):
-        if isinstance(node, list) and len(node) > path[-1]:
-            node[path[-1]] = value
-    elif isinstance(node, dict):
-        node[path[-1]] = value
-
-
 def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op_namespace):
     """Fuzzed specs go through the real API server; whatever it stores, the operator must judge
     (SpecValid True or False) without dying, and still run a valid job afterwards."""
@@ -421,7 +404,7 @@ def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op
         name = f"fuzz-{next(counter)}"
         body = tiny_job(name)
         for path, value in mutations:
-            _set_path(body, path, value)
+            set_path(body, path, value)
         try:
             cluster.create_job(ns, body)
         except KubeApiError as error:

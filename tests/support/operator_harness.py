@@ -103,13 +103,9 @@ class OperatorProcess:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        from colocgrpo_operator.devcluster.commands import stop_process
+
+        stop_process(self.process)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

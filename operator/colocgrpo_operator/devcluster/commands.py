@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,3 +44,15 @@ def start_operator(
     command = [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={kubeconfig}", *flags]
     with open(log_path, "ab" if append else "wb") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=checkout)
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, grace: float = 20) -> None:
+    """SIGTERM a child started by start_operator and wait; SIGKILL it after `grace` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
