@@ -239,7 +239,7 @@ def main() -> int:
         api_before = apiserver_requests(api)
         cpu_before = cpu_seconds(operator.pid)
         plane_before = control_plane_cpu(kubeconfig.parent)
-        op_before = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
+        op_before = operator_metric(metrics_port, "colocgrpo_api_requests_total")
 
         names = [f"bench-{i:04d}" for i in range(args.count)]
         created: dict[str, float] = {}
@@ -268,7 +268,7 @@ def main() -> int:
         all_status = time.monotonic()
         time.sleep(3)  # let in-flight status updates land before counting
         api_after = apiserver_requests(api)
-        op_after = operator_metric(metrics_port, "colocgrpo_operator_api_requests_total")
+        op_after = operator_metric(metrics_port, "colocgrpo_api_requests_total")
         rss, peak = rss_kib(operator.pid)
         pods_at_end = pod_phases(api, namespace)
         operator_cpu = cpu_seconds(operator.pid) - cpu_before

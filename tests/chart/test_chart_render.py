@@ -404,6 +404,35 @@ def test_service_monitor_on(render_chart):
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["colocgrpo-system"]}
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    # The per-job series' own `namespace` label must survive the scrape (not become exported_namespace).
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+def test_grafana_dashboard_is_off_by_default_and_a_sidecar_configmap_when_on(render_chart):
+    import json
+
+    assert not [o for o in render_chart() if o["metadata"]["name"].endswith("-dashboard")]
+    objects = render_chart("--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.namespace=monitoring")
+    (dashboard,) = [
+        o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "cgo-colocgrpo-operator-dashboard"
+    ]
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "colocgrpo-jobs.json").read_text())
+    assert json.loads(dashboard["data"]["colocgrpo-jobs.json"]) == shipped
+    titles = [panel["title"] for panel in shipped["panels"]]
+    assert {"Reward", "Seconds per step"} <= set(titles)
+    assert any("sleep, wake, weight push" in title for title in titles)
+    own = render_chart(
+        "--set",
+        "grafanaDashboard.enabled=true",
+        "--set",
+        "grafanaDashboard.label=dashboards",
+        "--set",
+        "grafanaDashboard.labelValue=colocgrpo",
+    )
+    (dashboard,) = [o for o in by_kind(own, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard["metadata"]["labels"]["dashboards"] == "colocgrpo"
 
 
 def test_service_monitor_without_metrics_fails_clearly(helm):

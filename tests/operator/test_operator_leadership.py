@@ -31,7 +31,7 @@ def _lease_holder(cluster: Cluster, namespace: str) -> str | None:
 def _writes(process: OperatorProcess) -> dict[str, float]:
     """The replica's own API requests by verb, all but reads (its metrics)."""
     counts: dict[str, float] = {}
-    for match in re.finditer(r'colocgrpo_operator_api_requests_total\{verb="(\w+)"\} ([0-9.e+]+)', process.metrics()):
+    for match in re.finditer(r'colocgrpo_api_requests_total\{verb="(\w+)"\} ([0-9.e+]+)', process.metrics()):
         if match.group(1) != "GET":
             counts[match.group(1)] = float(match.group(2))
     return counts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -16,6 +17,42 @@ from typing import Any
 from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
 
 TERMINAL = {"Succeeded": 0, "Failed": 1}
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Any, width: int = 40) -> str:
+    """The last `width` numbers as a row of block characters scaled between their min and max
+    (a flat series sits in the middle); anything that is not a finite number is skipped."""
+    items = values if isinstance(values, list) else []
+    numbers = [float(v) for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+    numbers = [v for v in numbers if math.isfinite(v)][-width:]
+    if not numbers:
+        return ""
+    low, high = min(numbers), max(numbers)
+    if high == low:
+        return SPARK_BLOCKS[len(SPARK_BLOCKS) // 2 - 1] * len(numbers)
+    top = len(SPARK_BLOCKS) - 1
+    return "".join(SPARK_BLOCKS[round((v - low) / (high - low) * top)] for v in numbers)
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        return ""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+
+
+def _step_text(progress: dict[str, Any]) -> str:
+    """`step 12/100 (12%, about 4m33s left)`."""
+    text = f"step {progress.get('step')}/{progress.get('maxSteps')}"
+    extra = []
+    if isinstance(progress.get("percent"), int):
+        extra.append(f"{progress['percent']}%")
+    left = _duration(progress.get("estimatedRemainingSeconds"))
+    if left:
+        extra.append(f"about {left} left")
+    return f"{text} ({', '.join(extra)})" if extra else text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,15 +93,21 @@ def render_view(obj: dict[str, Any]) -> Any:
     line.add_column()
     line.add_column()
     if isinstance(step, int) and isinstance(max_steps, int) and max_steps > 0:
-        line.add_row(ProgressBar(total=max_steps, completed=min(step, max_steps), width=40), f"step {step}/{max_steps}")
+        line.add_row(ProgressBar(total=max_steps, completed=min(step, max_steps), width=40), _step_text(progress))
     else:
         line.add_row(Text("step -", style="dim"), "")
     parts.append(line)
     shown = {k: metrics[k] for k in ("reward", "kl", "loss", "completion_length", "step_time_seconds") if k in metrics}
     if shown:
-        parts.append(
-            Text("  ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in shown.items()))
+        numbers = Text(
+            "  ".join(f"{k} {v:.4g}" if isinstance(v, int | float) else f"{k} {v}" for k, v in shown.items())
         )
+        trend = sparkline(progress.get("rewardHistory"))
+        if trend:
+            # The reward's trend beside the numbers: the last logged rewards, oldest first.
+            numbers.append("  reward trend ", style="dim")
+            numbers.append(trend, style="cyan")
+        parts.append(numbers)
     workers = status.get("workers") or {}
     facts = [f"restarts {status.get('restarts', 0)}"]
     if workers:
@@ -97,9 +140,10 @@ def _plain_line(obj: dict[str, Any]) -> str:
     status = obj.get("status") or {}
     progress = status.get("progress") or {}
     reward = (progress.get("metrics") or {}).get("reward")
+    trend = sparkline(progress.get("rewardHistory"))
     return (
-        f"{status.get('phase') or 'Pending'}  step {progress.get('step', '-')}/{progress.get('maxSteps', '-')}"
-        f"  reward {reward if reward is not None else '-'}  {status.get('message') or ''}"
+        f"{status.get('phase') or 'Pending'}  {_step_text({'step': '-', 'maxSteps': '-', **progress})}"
+        f"  reward {reward if reward is not None else '-'}{' ' + trend if trend else ''}  {status.get('message') or ''}"
     )
 
 

@@ -21,6 +21,7 @@ import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
 from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
+from colocgrpo_operator.controller.metrics import JOB_METRICS
 from colocgrpo_operator.controller.reconciler import Key
 from colocgrpo_operator.controller.runtime import runtime_of
 from colocgrpo_operator.controller.snapshots import (
@@ -151,11 +152,16 @@ async def workload_changed(namespace: str, body: kopf.Body, memo: kopf.Memo, **_
 
 
 @kopf.on.event(*RESOURCE)
-async def job_event(type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def job_event(type: str | None, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Start the housekeeping loop with the first job seen (`OperatorRuntime.start_housekeeping`
-    says why not at startup); forget deleted jobs (caches, phase gauge). Everything else is
-    handled above."""
+    says why not at startup); forget deleted jobs (caches, phase gauge, per-job metrics); keep the
+    per-job metrics at what every other event's status says (the trainer's progress reports reach
+    the operator only as such events). Everything else is handled above."""
     runtime = runtime_of(memo)
     runtime.start_housekeeping()
+    key = (namespace, name)
     if type == "DELETED":
-        runtime.reconciler.forget((namespace, name))
+        runtime.reconciler.forget(key)
+        JOB_METRICS.forget(key)
+    else:
+        JOB_METRICS.observe(key, body.get("status"))

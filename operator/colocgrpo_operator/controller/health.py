@@ -8,7 +8,7 @@
   has read the Lease and waits to take over; 503 otherwise (still starting, or the API server
   cannot be reached). A standby counts as ready on purpose: an unready standby would hold every
   rolling update and `helm install --wait` forever, and "which replica reconciles" is the Lease's
-  holderIdentity (and the `colocgrpo_operator_leader` gauge), not a probe's business.
+  holderIdentity (and the `colocgrpo_leader` gauge), not a probe's business.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Not the official `kubernetes` client: its import alone is ~11 MiB of the operator's RSS
 (docs/benchmarks/operator.md), and its typed models would deserialize every response into
 hundreds of objects while the operator reads a few fields back. Responses stay JSON dicts.
-Every request is counted by verb (`colocgrpo_operator_api_requests_total`).
+Every request is counted by verb (`colocgrpo_api_requests_total`).
 """
 
 from __future__ import annotations
