@@ -19,6 +19,11 @@ TRAINER_KEY := $(shell cat training/requirements-cpu-test.txt | sha256sum | cut 
 DEV_VENV := $(CACHE)/venv-dev-$(DEV_KEY)
 TRAINER_VENV := $(CACHE)/venv-trainer-$(TRAINER_KEY)
 TRAINER_STAMP := $(TRAINER_VENV)/.project-deps-$(DEV_KEY)
+# DeepSpeed at the trainer image's pin, for the multi-rank ZeRO-3 tests on CPU (tests/training/test_multirank.py).
+DEEPSPEED_PIN := $(shell grep -E '^deepspeed==' images/trainer/requirements.txt)
+NINJA_PIN := $(shell grep -E '^ninja==' images/trainer/requirements.txt)
+SETUPTOOLS_PIN := $(shell grep -E '^setuptools==' images/trainer/constraints.txt)
+TRAINER_DEEPSPEED := $(TRAINER_VENV)/.$(subst ==,-,$(DEEPSPEED_PIN))-cpu
 export PIP_CACHE_DIR ?= $(CACHE)/pip
 # A venv is ready once its .ready marker exists: the paths are keyed by content, so rules never look at
 # file times (a fresh clone's files are all "new", which would rebuild every cached venv on each CI run).
@@ -63,7 +68,20 @@ $(TRAINER_STAMP): $(TRAINER_READY)
 	rm -f "$(TRAINER_VENV)"/.project-deps-*
 	touch "$(TRAINER_STAMP)"
 
-trainer-venv: $(TRAINER_STAMP)
+# PyPI has DeepSpeed only as a source distribution whose setup imports torch: built without build
+# isolation against the venv's torch, with its CUDA ops off (DS_BUILD_OPS=0), as the trainer image
+# does. Its one CPU op that gloo runs need, the shared-memory collectives every process loads in
+# init_distributed, is compiled here once (DS_BUILD_SHM_COMM=1, ~1.5 CPU-minutes) instead of by
+# DeepSpeed's JIT in the first test run; --no-cache-dir because pip's wheel cache ignores those
+# variables. A stamp of its own, so adding DeepSpeed never reinstalls the torch stack.
+$(TRAINER_DEEPSPEED): $(TRAINER_READY)
+	"$(TRAINER_PY)" -m pip install -q "$(SETUPTOOLS_PIN)" "$(NINJA_PIN)"
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 "$(TRAINER_PY)" -m pip install -q --no-cache-dir --no-build-isolation \
+		"$(DEEPSPEED_PIN)"
+	rm -f "$(TRAINER_VENV)"/.deepspeed-*
+	touch "$(TRAINER_DEEPSPEED)"
+
+trainer-venv: $(TRAINER_STAMP) $(TRAINER_DEEPSPEED)
 
 cluster-bin: dev-venv
 	bash tests/cluster/build.sh
