@@ -4,6 +4,11 @@ transformers writes `checkpoint-<step>/` under the output dir; a pod killed mid-
 half-written one that has the right name. We only trust a checkpoint that has both
 `trainer_state.json` (written last by transformers' own save) and our marker, which
 `CheckpointMarker` writes after every rank has finished saving.
+
+Every rank lists the folder itself, and listings of one shared volume can differ between pods
+(a listing that lags, a marker not yet visible). Loading is a collective under DeepSpeed, so
+the ranks agree on the step first (`agreed_resume_checkpoint`): the newest one every rank
+sees complete.
 """
 
 from __future__ import annotations
@@ -39,15 +44,65 @@ def checkpoints_by_step(output_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest checkpoint that finished saving; incomplete newer ones are logged and skipped."""
-    for step, path in reversed(checkpoints_by_step(output_dir)):
+def complete_steps(output_dir: str | Path) -> list[int]:
+    """Steps of the checkpoints that finished saving, as this process sees them, oldest first;
+    incomplete ones are logged and skipped."""
+    steps = []
+    for step, path in checkpoints_by_step(output_dir):
         if is_complete(path):
-            return path
-        log.warning(
-            "skipping incomplete checkpoint %s (step %d): no %s or trainer_state.json", path, step, COMPLETE_MARKER
-        )
-    return None
+            steps.append(step)
+        else:
+            log.warning(
+                "skipping incomplete checkpoint %s (step %d): no %s or trainer_state.json", path, step, COMPLETE_MARKER
+            )
+    return steps
+
+
+class ResumeDisagreementError(RuntimeError):
+    """The ranks see no complete checkpoint in common, though some see one."""
+
+
+def common_resume_step(per_rank: list[list[int]], output_dir: str | Path = "checkpoint.dir") -> int | None:
+    """The newest step every rank sees complete; None when no rank sees any (a fresh start).
+
+    When some ranks see checkpoints and the ranks have none in common, resuming from any
+    of them would load different states (or none) on different ranks: an error naming what
+    each rank sees."""
+    if not any(per_rank):
+        return None
+    common = set(per_rank[0]).intersection(*per_rank[1:])
+    if common:
+        step = max(common)
+        newer = {rank: [s for s in steps if s > step] for rank, steps in enumerate(per_rank)}
+        newer = {rank: steps for rank, steps in newer.items() if steps}
+        if newer:
+            log.warning(
+                "resuming from step %d, the newest checkpoint every rank sees complete; newer ones seen by only "
+                "some ranks: %s",
+                step,
+                "; ".join(f"rank {rank}: {steps}" for rank, steps in newer.items()),
+            )
+        return step
+    seen = "; ".join(f"rank {rank}: {steps or 'none'}" for rank, steps in enumerate(per_rank))
+    raise ResumeDisagreementError(
+        f"checkpoint.dir {output_dir}: no checkpoint is complete on every rank ({seen}), so the ranks cannot "
+        "resume from the same step. Every pod must mount the same checkpoint volume (spec.checkpoint.claimName, "
+        "ReadWriteMany for several nodes); if it is shared, a listing may lag: the job's next attempt retries"
+    )
+
+
+def agreed_resume_checkpoint(output_dir: str | Path) -> Path | None:
+    """The checkpoint every rank resumes from (a collective: every rank calls it, once)."""
+    steps = complete_steps(output_dir)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        per_rank: list[list[int] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, steps)
+    else:
+        per_rank = [steps]
+    step = common_resume_step([list(s or []) for s in per_rank], output_dir)
+    return None if step is None else Path(output_dir) / f"checkpoint-{step}"
 
 
 def _barrier() -> None:
@@ -91,13 +146,25 @@ class TerminationRequest:
             return
         signal.signal(signal.SIGTERM, self._handle)
 
+    def ignore_further(self) -> None:
+        """The checkpoint is saved and the process exits with EXIT_TERMINATED: a further SIGTERM
+        must not turn that into a death by signal. torch's launcher sends one to every rank still
+        running once one rank has exited, and Python's own handler is gone while the interpreter
+        shuts down (an ignored signal stays ignored)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def describe(self) -> str:
+        """What stopped this process: its own signal, or (ranks agree to stop together) another rank's."""
+        return f"signal {self.signal_number}" if self.signal_number is not None else "a signal to another rank"
+
     def _handle(self, signum: int, frame: Any) -> None:
         self.signal_number = signum
         self.requested.set()
         print(f"colocgrpo: received signal {signum}; saving a checkpoint at the end of this step", flush=True)
 
 
-def _any_rank_requested(local: bool) -> bool:
+def any_rank_requested(local: bool) -> bool:
     """Every rank must agree to stop at the same step, or the save's collectives deadlock."""
     import torch
     import torch.distributed as dist
@@ -118,7 +185,7 @@ class SaveOnTermination(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
-        if _any_rank_requested(self.request.requested.is_set()):
+        if any_rank_requested(self.request.requested.is_set()):
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at_step = state.global_step

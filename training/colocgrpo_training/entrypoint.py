@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from colocgrpo_training.config import TrainerConfig
 from colocgrpo_training.cuda_arch import make_arch_list_deepspeed_readable
-from colocgrpo_training.failures import InvalidConfigError, classify, write_termination_message
+from colocgrpo_training.failures import EXIT_TERMINATED, InvalidConfigError, classify, write_termination_message
 
 
 def load_config(path: str) -> TrainerConfig:
@@ -61,7 +61,10 @@ def run(config_path: str) -> int:
         config = load_config(config_path)
         from colocgrpo_training.grpo_run import run_grpo  # heavy: torch, transformers, trl
 
-        return run_grpo(config, termination)
+        code = run_grpo(config, termination)
+        if code == EXIT_TERMINATED:
+            termination.ignore_further()
+        return code
     except KeyboardInterrupt:
         raise
     except Exception as exc:

@@ -14,7 +14,8 @@ from colocgrpo_training.checkpoints import (
     CheckpointMarker,
     SaveOnTermination,
     TerminationRequest,
-    latest_complete_checkpoint,
+    agreed_resume_checkpoint,
+    any_rank_requested,
 )
 from colocgrpo_training.config import TrainerConfig
 from colocgrpo_training.data import apply_chat_template, load_prompt_dataset, truncate_prompts
@@ -97,14 +98,19 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
         **extra,
     )
 
-    if termination.requested.is_set():  # SIGTERM while loading: nothing new to save
-        message = f"stopped by signal {termination.signal_number} before the first step"
-        write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
+    # SIGTERM while loading: nothing new to save. Agreed, because a SIGTERM that reached only
+    # some ranks would otherwise leave the others waiting in training's first collective.
+    if any_rank_requested(termination.requested.is_set()):
+        message = f"stopped by {termination.describe()} before the first step"
+        print(f"colocgrpo: {message}", flush=True)
+        if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
+            write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
         return EXIT_TERMINATED
 
     resume_from = None
     if config.checkpoint.resume == "auto":
-        resume_from = latest_complete_checkpoint(config.checkpoint.dir)
+        # Every rank must load the same step (DeepSpeed's load is a collective).
+        resume_from = agreed_resume_checkpoint(config.checkpoint.dir)
         if resume_from is not None:
             log.warning("resuming from %s", resume_from)
             reporter.last_checkpoint = str(resume_from)
@@ -113,7 +119,7 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
     if stop_on_sigterm.stopped_at_step is not None:
         checkpoint = marker.last_checkpoint
         message = (
-            f"stopped by signal {termination.signal_number} at step {stop_on_sigterm.stopped_at_step}; "
+            f"stopped by {termination.describe()} at step {stop_on_sigterm.stopped_at_step}; "
             f"checkpoint {checkpoint} saved, the next run resumes from it"
         )
         print(f"colocgrpo: {message}", flush=True)
