@@ -156,6 +156,16 @@ def test_cost_model_priors_then_ewma():
     assert model.seconds[CostKind.PUSH] == pytest.approx(0.7 * 1.0 + 0.3 * 2.0)
 
 
+def test_level1_priors_move_one_tp_shard_and_the_push_every_byte():
+    # Under TP each rank's vLLM holds 1/tp of the weights: that is what a level-1 sleep or wake
+    # moves over its host link. Every rank gathers and loads the whole model in a push.
+    whole, tp4 = CostModel.from_weight_bytes(8 * 1024**3), CostModel.from_weight_bytes(8 * 1024**3, 4)
+    for kind in (CostKind.SLEEP1, CostKind.WAKE1):
+        assert tp4.seconds[kind] == pytest.approx(whole.seconds[kind] / 4)
+    assert tp4.seconds[CostKind.PUSH] == whole.seconds[CostKind.PUSH]
+    assert tp4.seconds[CostKind.SLEEP2] == whole.seconds[CostKind.SLEEP2]
+
+
 def test_first_level1_sleep_is_a_one_off_not_the_steady_cost():
     model = CostModel.from_weight_bytes(14 * 1024**3)  # ~7B in bf16
     prior = model.seconds[CostKind.SLEEP1]

@@ -155,8 +155,11 @@ class CostModel:
     one_off: dict[CostKind, float] = field(default_factory=dict)
 
     @classmethod
-    def from_weight_bytes(cls, weight_bytes: int) -> CostModel:
-        host = weight_bytes / PRIOR_HOST_LINK_BYTES_PER_S
+    def from_weight_bytes(cls, weight_bytes: int, tensor_parallel_size: int = 1) -> CostModel:
+        """Priors for a model of `weight_bytes` (full size). A level-1 sleep or wake moves only
+        this rank's vLLM shard over the host link, 1/tp of the weights; a push gathers and
+        loads all of them on every rank."""
+        host = weight_bytes / tensor_parallel_size / PRIOR_HOST_LINK_BYTES_PER_S
         return cls(
             seconds={
                 CostKind.SLEEP1: host,

@@ -208,7 +208,7 @@ class ColocatedVLLM(VLLMGeneration):
         weight_bytes = sum(full_nbytes(p) for p in self.model.parameters())
         self.controller = SleepController(
             self.sleep_policy,
-            CostModel.from_weight_bytes(weight_bytes),
+            CostModel.from_weight_bytes(weight_bytes, tp),
             # The engine loaded the base checkpoint: the trainer's version only when the
             # owner vouches for it (fresh model, no resume); otherwise unknown → push.
             state=EngineState(held_version=self.weight_version() if self._engine_holds_trainer_weights else None),
