@@ -105,3 +105,35 @@ def test_a_broken_push_is_detected(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(ColocatedVLLM, "_push_bucketed", push_only_once)
     _, fresh, _ = run(tiny_model_dir, tmp_path, monkeypatch, "level1", steps_per_generation=1)
     assert fresh[0] and not all(fresh)
+
+
+@pytest.mark.parametrize("option", ["tools", "environment_factory"])
+def test_tool_calling_is_refused_up_front(option, tiny_model_dir, tmp_path):
+    # TRL's tool loop generates again for the samples that called a tool: ranks would make
+    # different numbers of generate calls, each a collective over all ranks (a hang).
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from colocgrpo_training.config import VLLMSettings
+    from colocgrpo_training.generation import ColocGRPOTrainer
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        return a + b
+
+    value = [add] if option == "tools" else object  # a factory of environments
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], num_generations=2)
+    with pytest.raises(ValueError, match=rf"^{option} \(tool calling, multi-turn generation\) is not supported"):
+        ColocGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=[_reward],
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "What is 1 + 1?"}] * 4),
+            generation_settings=VLLMSettings(),
+            **{option: value},
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 from collections.abc import Iterator
 from typing import Any, Literal, cast
@@ -60,15 +61,25 @@ class ColocGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         self.generation_settings = generation_settings
-        grpo_args = kwargs.get("args")
-        if grpo_args is None and len(args) > 2:
-            grpo_args = args[2]
+        # GRPOTrainer's own parameters, however they were passed.
+        given = inspect.signature(GRPOTrainer.__init__).bind_partial(self, *args, **kwargs).arguments
+        grpo_args = given.get("args")
         if grpo_args is None:
             raise ValueError("ColocGRPOTrainer needs an explicit GRPOConfig as `args`")
-        if kwargs.get("rollout_func") is not None and generation_settings.enabled:
+        if given.get("rollout_func") is not None and generation_settings.enabled:
             raise ValueError(
                 "rollout_func is not supported with colocated vLLM: it may drive the engine around the "
                 "sleep-policy controller (vllm.enabled must be false to use it)"
+            )
+        agentic = [name for name in ("tools", "environment_factory") if given.get(name)]
+        if agentic and generation_settings.enabled:
+            # TRL's tool loop generates again for the samples that called a tool, so ranks make
+            # different numbers of generate calls; each colocated generate ends in collectives
+            # over all ranks (the sleep-policy agreement, the ZeRO-3 push): unequal counts hang.
+            raise ValueError(
+                f"{' and '.join(agentic)} (tool calling, multi-turn generation) is not supported with colocated "
+                "vLLM yet: ranks would make different numbers of generate calls, and every generate is a "
+                "collective over all ranks"
             )
         grpo_args.use_vllm = generation_settings.enabled
         if not generation_settings.enabled:
