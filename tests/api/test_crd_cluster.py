@@ -83,6 +83,10 @@ def test_examples_are_accepted_and_defaulted(crd_installed, namespace):
             ),
             "spec.vllm.offloadTrainerState needs a sleeping spec.vllm.sleepPolicy",
         ),
+        (
+            lambda o: o["spec"]["resources"].update(nodes=2),
+            "spec.checkpoint.claimName is required when spec.resources.nodes is more than 1",
+        ),
     ],
 )
 def test_api_server_rejects_with_the_field_named(crd_installed, namespace, mutate, expected):

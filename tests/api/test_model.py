@@ -92,7 +92,20 @@ def test_gpu_memory_utilization_is_an_open_fraction(value):
 
 def test_nodes_at_least_one_and_no_maximum():
     assert "spec.resources.nodes" in problems_of(minimal_job(resources={"nodes": 0, "gpusPerNode": 8}))
-    parse_job(minimal_job(resources={"nodes": 4096, "gpusPerNode": 64}))
+    parse_job(minimal_job(resources={"nodes": 4096, "gpusPerNode": 64}, checkpoint={"claimName": "shared"}))
+
+
+def test_multi_node_resume_needs_one_checkpoint_volume_for_every_pod():
+    # Each rank picks its resume step from its own listing; pods on their own emptyDirs would
+    # resume from different steps (or none) and mismatch DeepSpeed's load collectives.
+    two_nodes = {"nodes": 2, "gpusPerNode": 8}
+    problems = problems_of(minimal_job(resources=two_nodes))
+    assert problems["spec.checkpoint.claimName"].startswith(
+        "is required when spec.resources.nodes is more than 1 and spec.checkpoint.resume is auto"
+    )
+    parse_job(minimal_job(resources=two_nodes, checkpoint={"claimName": "shared"}))
+    parse_job(minimal_job(resources=two_nodes, checkpoint={"resume": "never"}))
+    parse_job(minimal_job())  # one pod: its ranks share its volume
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,12 @@ def one_gpu_job(offload_trainer_state: bool = False, **deepspeed) -> dict:
         (one_gpu_job(), True),
         # Several processes share each parameter: releasing is what saves memory.
         (load_example("seed-qwen14b-tp4.yaml"), False),
-        (load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 2, "gpusPerNode": 4}), False),
+        (
+            load_example(
+                "seed-qwen14b-tp4.yaml", resources={"nodes": 2, "gpusPerNode": 4}, checkpoint={"claimName": "ckpt"}
+            ),
+            False,
+        ),
         # Parameters offloaded to the CPU must go back to it after use.
         (one_gpu_job(offloadParams="cpu"), False),
         # offload_states moves partitions, not a resident parameter's view of one.
@@ -170,7 +175,9 @@ def test_headless_service_for_rank0_dns(seed):
 
 
 def test_indexed_job_one_pod_per_node_never_retried_alone():
-    obj = load_example("seed-qwen14b-tp4.yaml", resources={"nodes": 3, "gpusPerNode": 8})
+    obj = load_example(
+        "seed-qwen14b-tp4.yaml", resources={"nodes": 3, "gpusPerNode": 8}, checkpoint={"claimName": "ckpt"}
+    )
     job = children_by_kind(obj)["Job"]["spec"]
     assert job["completionMode"] == "Indexed"
     assert job["completions"] == job["parallelism"] == 3
@@ -349,7 +356,9 @@ def test_cpu_job_runs_python_without_gpus_or_vllm():
 
 
 def test_multi_node_cpu_job_uses_accelerate_multi_cpu():
-    children = children_by_kind(load_example("tiny-cpu.yaml", resources={"nodes": 2, "gpusPerNode": 0}))
+    children = children_by_kind(
+        load_example("tiny-cpu.yaml", resources={"nodes": 2, "gpusPerNode": 0}, checkpoint={"claimName": "ckpt"})
+    )
     assert trainer(children)["command"][:2] == ["accelerate", "launch"]
     accelerate = yaml.safe_load(children["ConfigMap"]["data"]["accelerate.yaml"])
     assert accelerate["distributed_type"] == "MULTI_CPU" and accelerate["num_processes"] == 2

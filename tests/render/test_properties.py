@@ -74,6 +74,8 @@ def valid_jobs(draw) -> dict:
         spec["runPolicy"]["activeDeadlineSeconds"] = draw(st.integers(1, 10**7))
     if draw(st.booleans()):
         spec["checkpoint"] = {"claimName": draw(dns_names), "path": "/ckpt", "saveSteps": draw(st.integers(1, 1000))}
+    elif spec["resources"]["nodes"] > 1:  # several pods resume from one volume, or never
+        spec["checkpoint"] = {"resume": "never"}
     if draw(st.booleans()):
         spec["cache"] = {"claimName": draw(dns_names), "offline": draw(st.booleans())}
     if draw(st.booleans()):

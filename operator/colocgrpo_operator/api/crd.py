@@ -29,7 +29,7 @@ from colocgrpo_operator.api.naming import (
     SINGULAR,
     VERSION,
 )
-from colocgrpo_operator.api.validation import MUTABLE_AFTER_START
+from colocgrpo_operator.api.validation import MULTI_NODE_RESUME_NEEDS_A_CLAIM, MUTABLE_AFTER_START
 
 _DROPPED_KEYWORDS = {"title", "$defs", "examples"}
 
@@ -142,6 +142,15 @@ def _spec_rules() -> list[dict[str, Any]]:
             "reason": "FieldValueInvalid",
         },
         *_trainer_state_offload_rules(),
+        {
+            # resume defaults to auto: an absent checkpoint section or resume field counts as auto.
+            "rule": "!has(self.resources) || !has(self.resources.nodes) || self.resources.nodes <= 1 "
+            "|| (has(self.checkpoint) && (has(self.checkpoint.claimName) "
+            "|| (has(self.checkpoint.resume) && self.checkpoint.resume == 'never')))",
+            "message": f"spec.checkpoint.claimName {MULTI_NODE_RESUME_NEEDS_A_CLAIM}",
+            "fieldPath": ".checkpoint.claimName",
+            "reason": "FieldValueRequired",
+        },
     ]
 
 

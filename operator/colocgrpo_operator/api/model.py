@@ -208,8 +208,9 @@ class CheckpointSpec(_Spec):
     claim_name: DnsName | None = Field(
         default=None,
         description=(
-            "PersistentVolumeClaim to save into. Without one, checkpoints live in an emptyDir "
-            "and do not survive a restart."
+            "PersistentVolumeClaim to save into, mounted by every pod (ReadWriteMany for several nodes). "
+            "Without one, checkpoints live in an emptyDir and do not survive a restart; required with "
+            "several nodes unless resume is never."
         ),
     )
     path: Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)] = Field(

@@ -195,6 +195,7 @@ def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
                     "nor module:function",
                 )
             )
+    problems.extend(_resume_problems(spec))
     problems.extend(trainer_args_problems(spec.trainer_args))
     vllm = spec.vllm
     max_completion = spec.trainer_args.get("max_completion_length")
@@ -264,6 +265,20 @@ def trainer_state_offload_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, st
             )
         )
     return problems
+
+
+MULTI_NODE_RESUME_NEEDS_A_CLAIM = (
+    "is required when spec.resources.nodes is more than 1 and spec.checkpoint.resume is auto: every rank must "
+    "resume from the same checkpoint, and without a claim each pod saves into its own emptyDir (set a claim "
+    "that every pod mounts, ReadWriteMany, or spec.checkpoint.resume: never)"
+)
+
+
+def _resume_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    checkpoint = spec.checkpoint
+    if spec.resources.nodes > 1 and checkpoint.resume == "auto" and checkpoint.claim_name is None:
+        return [("spec.checkpoint.claimName", MULTI_NODE_RESUME_NEEDS_A_CLAIM)]
+    return []
 
 
 def _raw_parallelism_problems(spec_obj: Any) -> list[tuple[str, str]]:
