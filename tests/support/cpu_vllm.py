@@ -3,16 +3,25 @@ tests run TRL's real GRPO loop through ColocGRPOTrainer and the sleep-policy con
 
 It behaves like vLLM where the policy is concerned (docs/sleep-policy.md, "What vLLM's sleep mode does"): a level-2
 sleep overwrites the weights with garbage, level 1 restores them, waking the KV cache
-before the weights raises, generating while asleep raises. Every generate reports a
-fingerprint of the weights it used to `GENERATE_HOOKS`, so a test can compare them with
-the trainer's weights at that moment. The real engine is exercised by tests/gpu/.
+before the weights raises, generating while asleep raises. A request that carries a seed
+samples from a generator seeded with it (as vLLM's per-request seeds do), so equal requests
+with equal seeds give equal completions in every process. Every generate hands the model it
+used to `GENERATE_HOOKS`, so a test can compare it with the trainer's weights at that moment.
+The real engine is exercised by tests/gpu/.
+
+In-process tests put this module in `sys.modules["vllm"]` (`install`); trainer processes
+started by a launcher import it through a `vllm` package written by `write_package`. Under
+a multi-rank probe (`support.rank_probe`, enabled by its environment variable) the engine
+also reports what each rank did.
 """
 
 from __future__ import annotations
 
 import math
+import time
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -80,6 +89,9 @@ def _load_unpartitioned(path: str):
 
 class LLM:
     def __init__(self, model: str, enable_sleep_mode: bool = False, max_model_len=None, seed: int = 0, **_: object):
+        from support import rank_probe
+
+        self.probe = rank_probe.engine_built() if rank_probe.enabled() else None
         self.model = _load_unpartitioned(model)
         self.enable_sleep_mode = enable_sleep_mode
         self.weights_awake = self.kv_awake = True
@@ -102,11 +114,15 @@ class LLM:
         if level == 1:
             self._host = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self._level = level
+        if self.probe is not None:
+            self.probe.slept(level)
         self.weights_awake = self.kv_awake = False
 
     def wake_up(self, tags=None) -> None:
         tags = tags or ["weights", "kv_cache"]
         if "weights" in tags and not self.weights_awake:
+            if self._level == 1 and self.probe is not None:
+                time.sleep(self.probe.wake1_skew_seconds)  # a slower host link on some ranks
             with torch.no_grad():
                 if self._level == 1:
                     self.model.load_state_dict(self._host)
@@ -132,6 +148,7 @@ class LLM:
         outputs = []
         for prompt, sp in zip(prompts, params, strict=True):
             ids = list(prompt["prompt_token_ids"])
+            generator = self._generator if sp.seed is None else torch.Generator().manual_seed(sp.seed)
             generated, lps = [], []
             for _ in range(sp.max_tokens):
                 logits = self.model(torch.tensor([ids + generated])).logits[0, -1]
@@ -139,13 +156,19 @@ class LLM:
                 if sp.temperature == 0:
                     token = int(logits.argmax())
                 else:
-                    token = int(torch.multinomial(logp.exp(), 1, generator=self._generator))
+                    token = int(torch.multinomial(logp.exp(), 1, generator=generator))
                 generated.append(token)
                 value = float(logp[token])
                 lps.append({token: Logprob(value if math.isfinite(value) else -1e9, 1)})
                 if token == self.model.config.eos_token_id and not sp.ignore_eos:
                     break
             outputs.append(RequestOutput(ids, [CompletionOutput(generated, lps if sp.logprobs is not None else None)]))
+        if self.probe is not None:
+            self.probe.generated(
+                [list(p["prompt_token_ids"]) for p in prompts],
+                [sp.seed for sp in params],
+                [o.outputs[0].token_ids for o in outputs],
+            )
         return outputs
 
 
@@ -158,3 +181,34 @@ def install(monkeypatch) -> types.ModuleType:
     GENERATE_HOOKS.clear()
     ENGINES.clear()
     return module
+
+
+# The names TRL 1.16 imports from vLLM besides LLM and SamplingParams (trl/generation/).
+_PACKAGE_FILES = {
+    "__init__.py": (
+        '"""CPU stand-in for vLLM (tests/support/cpu_vllm.py), for processes started by a launcher."""\n'
+        "from support.cpu_vllm import *  # noqa: F403\n"
+        "from support.cpu_vllm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams  # noqa: F401\n"
+        '__version__ = "0.26.0"\n'
+    ),
+    "sampling_params.py": (
+        "class StructuredOutputsParams:\n    def __init__(self, **kwargs):\n        self.kwargs = kwargs\n"
+    ),
+    "utils/__init__.py": "",
+    "utils/network_utils.py": 'def get_ip():\n    return "127.0.0.1"\n',
+    "distributed/__init__.py": "",
+    "distributed/weight_transfer/__init__.py": "",
+    "distributed/weight_transfer/nccl_engine.py": "NCCLTrainerSendWeightsArgs = NCCLWeightTransferEngine = None\n",
+}
+
+
+def write_package(root: str | Path) -> Path:
+    """Write an importable `vllm` package backed by this module under `root` and return
+    `root`: put it and tests/ on PYTHONPATH of a launched trainer (its workers import vLLM
+    by name). Only what TRL and ColocatedVLLM import exists."""
+    root = Path(root)
+    for name, text in _PACKAGE_FILES.items():
+        path = root / "vllm" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root

@@ -29,7 +29,7 @@ def tiny_tokenizer(tiny_model_dir):
 _DISTRIBUTED_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def trainer_env() -> Callable[[Path], dict[str, str]]:
     """Environment for a trainer subprocess: offline, one thread, no cluster, no rendezvous."""
 

@@ -1,0 +1,192 @@
+"""What each rank of a launched multi-process trainer did, for tests/training/test_multirank.py.
+
+Enabled in a trainer process by `COLOCGRPO_PROBE_DIR`: the CPU vLLM stand-in
+(`support.cpu_vllm`) calls `engine_built()` when ColocatedVLLM builds its engine, and from
+then on each rank appends JSON lines to `DIR/rank<R>.jsonl`:
+- `build`: pid, TP size, the weights' full bytes and the cost model's priors;
+- `generate`: the requests the engine got (its TP group's prompts and seeds) and the completions;
+- `sleep`: each sleep the engine was put to, and `decision`: the controller's level and modeled costs;
+- `push`: after every weight push, whether the engine's weights equal the trainer's weights
+  gathered by DeepSpeed (`GatheredParameters`, independently of the push's own gather) bit for
+  bit, their digest, and how the ZeRO-3 partitions are laid out;
+- `agree`: a rank's own measurement and the value all ranks agreed on.
+Rank 0 also saves the first push's gathered weights (`first-push.pt`).
+
+Faults it injects, each for the ranks listed:
+  COLOCGRPO_PROBE_WAKE1_SKEW="2,3:0.5"      the level-1 weight wake is 0.5 s slower there
+  COLOCGRPO_PROBE_HIDE="2,3:checkpoint-9"   their listing of the checkpoint folder lacks checkpoint-9
+  COLOCGRPO_PROBE_SIGTERM_AT_BUILD="3"      SIGTERM while the engine is built (before training starts)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+DIR_ENV = "COLOCGRPO_PROBE_DIR"
+WAKE1_SKEW_ENV = "COLOCGRPO_PROBE_WAKE1_SKEW"
+HIDE_ENV = "COLOCGRPO_PROBE_HIDE"
+SIGTERM_AT_BUILD_ENV = "COLOCGRPO_PROBE_SIGTERM_AT_BUILD"
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(DIR_ENV))
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _for_this_rank(env: str) -> str | None:
+    """The value after `ranks:` in `env` when this rank is listed, else None."""
+    spec = os.environ.get(env, "")
+    if not spec:
+        return None
+    ranks, _, value = spec.partition(":")
+    return value if _rank() in {int(r) for r in ranks.split(",") if r} else None
+
+
+def weights_digest(named: list[tuple[str, Any]]) -> str:
+    """A digest of (name, exact bytes) of every tensor, in name order."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(named, key=lambda item: item[0]):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.rank = _rank()
+        self.path = Path(os.environ[DIR_ENV]) / f"rank{self.rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        skew = _for_this_rank(WAKE1_SKEW_ENV)
+        self.wake1_skew_seconds = float(skew) if skew else 0.0
+        self.pushes = 0
+
+    def record(self, event: str, **fields: Any) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps({"event": event, "rank": self.rank, **fields}) + "\n")
+
+    # -- called by the stand-in engine ---------------------------------------------------
+    def generated(self, prompts: list[list[int]], seeds: list[int | None], completions: list[list[int]]) -> None:
+        self.record("generate", prompts=prompts, seeds=seeds, completions=completions)
+
+    def slept(self, level: int) -> None:
+        self.record("sleep", level=level)
+
+    # -- wrapped trainer code ------------------------------------------------------------
+    def check_push(self, engine: Any) -> None:
+        """The engine's weights against the trainer's, gathered here on every rank (a collective:
+        every rank pushes at the same point, so every rank runs this at the same point)."""
+        import deepspeed
+        import torch
+
+        named = list(engine.model.named_parameters())
+        target = dict(engine._vllm_model().model.named_parameters())
+        layouts = sorted({getattr(p, "ds_zero_partition_world_size", 0) for _, p in named})
+        split = sum(1 for _, p in named if hasattr(p, "ds_tensor") and p.ds_tensor.numel() < p.ds_numel)
+        with deepspeed.zero.GatheredParameters([p for _, p in named]):
+            gathered = [(engine._fix_param_name_to_vllm(n), p.data) for n, p in named]
+            equal = sorted(n for n, _ in gathered) == sorted(target) and all(
+                torch.equal(t, target[n]) for n, t in gathered
+            )
+            digest = weights_digest(gathered)
+            if self.pushes == 0 and self.rank == 0:
+                torch.save({n: t.clone() for n, t in gathered}, self.path.parent / "first-push.pt")
+        self.pushes += 1
+        self.record(
+            "push",
+            version=engine.weight_version(),
+            equal=equal,
+            digest=digest,
+            partition_world_sizes=layouts,
+            split_parameters=split,
+            parameters=len(named),
+        )
+
+
+_PROBE: Probe | None = None
+
+
+def engine_built() -> Probe:
+    """Called by the stand-in's LLM(): install the probe once per process, inject the faults."""
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = Probe()
+        _install(_PROBE)
+        if _for_this_rank(SIGTERM_AT_BUILD_ENV) is not None:
+            _PROBE.record("sigterm_at_build")
+            signal.raise_signal(signal.SIGTERM)
+    return _PROBE
+
+
+def _install(probe: Probe) -> None:
+    # Imported here: this runs while ColocatedVLLM builds its engine, when all of these exist.
+    from colocgrpo_training import checkpoints
+    from colocgrpo_training.generation.policy import SleepController
+    from colocgrpo_training.generation.vllm_engine import ColocatedVLLM, full_nbytes
+
+    initial_sleep = SleepController.initial_sleep
+
+    @functools.wraps(initial_sleep)
+    def recorded_initial_sleep(self, driver):
+        probe.record(
+            "build",
+            pid=os.getpid(),
+            tp=driver.tensor_parallel_size,
+            weight_bytes=sum(full_nbytes(p) for p in driver.model.parameters()),
+            priors={kind.value: seconds for kind, seconds in self.costs.seconds.items()},
+        )
+        return initial_sleep(self, driver)
+
+    finish = SleepController.finish
+
+    @functools.wraps(finish)
+    def recorded_finish(self, driver, push_due, final=False):
+        decision = finish(self, driver, push_due, final)
+        probe.record(
+            "decision",
+            level=decision.level,
+            push_due=push_due,
+            final=final,
+            cost_level1=decision.modeled_cost_level1,
+            cost_level2=decision.modeled_cost_level2,
+        )
+        return decision
+
+    push_weights = ColocatedVLLM.push_weights
+
+    @functools.wraps(push_weights)
+    def checked_push_weights(self):
+        nbytes = push_weights(self)
+        probe.check_push(self)
+        return nbytes
+
+    agree_max = ColocatedVLLM._agree_max
+
+    @functools.wraps(agree_max)
+    def recorded_agree_max(self, value):
+        agreed = agree_max(self, value)
+        probe.record("agree", local=value, agreed=agreed)
+        return agreed
+
+    SleepController.initial_sleep = recorded_initial_sleep
+    SleepController.finish = recorded_finish
+    ColocatedVLLM.push_weights = checked_push_weights
+    ColocatedVLLM._agree_max = recorded_agree_max
+
+    hidden = _for_this_rank(HIDE_ENV)
+    if hidden:
+        listing = checkpoints.checkpoints_by_step
+
+        @functools.wraps(listing)
+        def lagging_listing(output_dir):
+            return [(step, path) for step, path in listing(output_dir) if path.name not in hidden.split("+")]
+
+        checkpoints.checkpoints_by_step = lagging_listing
