@@ -10,6 +10,7 @@ gloo processes, each with its own view of the folder.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from colocgrpo_training.failures import EXIT_TERMINATED
 from support import gloo_world
 
 pytestmark = pytest.mark.trainer
+
+TRAINING = Path(__file__).resolve().parents[2] / "training"
 
 
 def test_common_resume_step():
@@ -97,8 +100,10 @@ sys.exit(143)
 
 
 def test_a_stopping_process_keeps_its_exit_code_through_a_late_sigterm():
-    stopping = subprocess.run([sys.executable, "-c", STOPPING_PROCESS, "stopping"], timeout=120)
+    # This checkout's trainer, whatever a venv has installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINING), os.environ.get("PYTHONPATH", "")])}
+    stopping = subprocess.run([sys.executable, "-c", STOPPING_PROCESS, "stopping"], env=env, timeout=120)
     assert stopping.returncode == EXIT_TERMINATED
     # The same process without it dies by the signal: what the launcher would report for that rank.
-    unguarded = subprocess.run([sys.executable, "-c", STOPPING_PROCESS, "unguarded"], timeout=120)
+    unguarded = subprocess.run([sys.executable, "-c", STOPPING_PROCESS, "unguarded"], env=env, timeout=120)
     assert unguarded.returncode == -signal.SIGTERM

@@ -324,7 +324,6 @@ def test_every_rank_sleeps_alike_under_per_rank_cost_skew(fresh):
     # level-2 one, which rank 0's own measurements would not have shown.
     after = fresh.events(0, "decision")
     assert any((d["cost_level1"] or 0) >= WAKE1_SKEW_S for d in after), after
-    assert levels[0][-1] == 2
 
 
 def test_level1_prior_moves_one_tp_shard(fresh):
