@@ -2,6 +2,11 @@
 
     python3 -m bench.grpo_step --out DIR [--contenders trl-sleep,trl-nosleep,ours-auto,...]
                                [--warmup-steps N --measured-steps M] [--budget-seconds S]
+                               [--num-processes N --tp T]
+
+`--num-processes N --tp T`: every contender as a job of one node with N GPUs (one process each,
+the step's completions shared over them) and vLLM tensor-parallel size T, under the files the
+operator renders for that shape (`product`).
 
 Each contender runs in its own `accelerate launch` (DeepSpeed ZeRO-3) process with the same
 model, data, batch, lengths and seeds (fixed below, before any run): warm-up steps, then the
@@ -23,7 +28,8 @@ state and vLLM compete for the GPU — about 7B parameters on a 141 GiB H200, 3B
 80 GiB card (`LARGE_SHAPES`, chosen by device memory) — created on the machine by the
 bench itself (`--model-dir`; no checkpoint of that size ships anywhere). At the large size
 each contender takes the first `vllm_gpu_memory_utilization` of `--util-ladder` that does
-not run out of memory (highest first); the report says which.
+not run out of memory (highest first); the report says which. A third, `cpu`, sizes the step for
+CPU dry runs of the plumbing (`--cpu`, a vLLM stand-in): no measurement.
 """
 
 from __future__ import annotations
@@ -73,6 +79,21 @@ SIZES = {
         "measured_steps": 6,
         "gpu_memory_utilization": None,  # per contender, from --util-ladder
         "max_model_len": 512,
+        "seed": 42,
+    },
+    # CPU dry runs of the plumbing only (the vLLM stand-in recomputes every token): never a measurement.
+    "cpu": {
+        "prompts_per_step": 4,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "per_device_train_batch_size": 16,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 2,
+        "learning_rate": 1e-6,
+        "warmup_steps": 1,
+        "measured_steps": 1,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": 256,
         "seed": 42,
     },
 }
@@ -169,12 +190,13 @@ PLAIN_DEEPSPEED = {
 }
 
 
-def product_deepspeed(offload_trainer_state: bool = False) -> dict:
-    """deepspeed.json as the operator renders it for a one-GPU job (TP 1), with or without
-    `vllm.offloadTrainerState` (the `-offload` contenders)."""
+def product_deepspeed(offload_trainer_state: bool = False, gpus: int = 1, tensor_parallel_size: int = 1) -> dict:
+    """deepspeed.json as the operator renders it for a job of one node with `gpus` GPUs (one by
+    default), with or without `vllm.offloadTrainerState` (the `-offload` contenders)."""
     from colocgrpo_operator.render import deepspeed_config
 
-    return deepspeed_config(machine_job(gpus=1, offload_trainer_state=offload_trainer_state))
+    job = machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size)
+    return deepspeed_config(job)
 
 
 def deepspeed_file_key(contender: str) -> str:
@@ -185,16 +207,22 @@ def deepspeed_file_key(contender: str) -> str:
     return f"{choice}-offload" if choice == "product" and offload else choice
 
 
-def grpo_args(
-    contender: str, out: Path, steps: int, cpu: bool = False, config: dict = CONFIG, util: float | None = None
+def grpo_kwargs(
+    contender: str,
+    out: Path,
+    steps: int,
+    cpu: bool = False,
+    config: dict = CONFIG,
+    util: float | None = None,
+    num_processes: int = 1,
+    tensor_parallel_size: int = 1,
 ):
-    """The GRPOConfig of one contender (identical for all but the sleep switch)."""
-    from trl import GRPOConfig
-
+    """The GRPOConfig arguments of one contender (identical for all but the sleep switch). The
+    size's per-device batch is the step's micro-batch on one GPU: `num_processes` share it."""
     util = util if util is not None else config["gpu_memory_utilization"]
-    return GRPOConfig(
+    return dict(
         output_dir=str(out / "trainer"),
-        per_device_train_batch_size=config["per_device_train_batch_size"],
+        per_device_train_batch_size=config["per_device_train_batch_size"] // num_processes,
         num_generations=config["num_generations"],
         max_completion_length=config["max_completion_length"],
         gradient_accumulation_steps=config["gradient_accumulation_steps"],
@@ -213,8 +241,18 @@ def grpo_args(
         vllm_gpu_memory_utilization=util,
         vllm_max_model_length=config["max_model_len"],
         vllm_enable_sleep_mode=contender == "trl-sleep",
+        vllm_tensor_parallel_size=tensor_parallel_size,
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
+        # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process).
+        **({"ddp_backend": "gloo"} if cpu else {}),
     )
+
+
+def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False, **kwargs):
+    """The GRPOConfig of one contender (`grpo_kwargs`)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(**grpo_kwargs(contender, out, steps, cpu, **kwargs))
 
 
 # ---------------------------------------------------------------- worker (one contender)
@@ -298,6 +336,8 @@ def worker(
     model: str = MODEL,
     util: float | None = None,
     profile_steps: tuple[int, ...] = (),
+    num_processes: int = 1,
+    tensor_parallel_size: int = 1,
 ) -> None:
     import torch
     from datasets import Dataset
@@ -311,7 +351,16 @@ def worker(
     ]
     config = SIZES[size]
     util = util if util is not None else config["gpu_memory_utilization"]
-    args = grpo_args(contender, out, warmup + measured, cpu, config=config, util=util)
+    args = grpo_args(
+        contender,
+        out,
+        warmup + measured,
+        cpu,
+        config=config,
+        util=util,
+        num_processes=num_processes,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     cuda = torch.cuda.is_available() and not cpu
 
     def reward(completions, **kwargs):
@@ -327,6 +376,7 @@ def worker(
 
         policy = contender.removeprefix("ours-").removesuffix("-offload")
         settings = VLLMSettings(
+            tensor_parallel_size=tensor_parallel_size,
             sleep_policy=policy,
             gpu_memory_utilization=util,
             max_model_len=config["max_model_len"],
@@ -395,6 +445,8 @@ def worker(
     ]
     result = {
         "contender": contender,
+        "num_processes": num_processes,
+        "tensor_parallel_size": tensor_parallel_size,
         "median_s_per_step": statistics.median(measured_times),
         "warmup_steps": warmup,
         "measured_steps": len(measured_times),
@@ -467,12 +519,15 @@ def write_report(
     measured: int,
     size: str = "small",
     model: dict | None = None,
+    shape: dict | None = None,
 ) -> list[str]:
     config = SIZES[size]
+    shape = shape or {"num_processes": 1, "tensor_parallel_size": 1}
     params = next((r["params"] for r in results if "params" in r), 0)
     floor = floor_seconds(machine, params, config) if machine.get("hbm_bytes_per_s") and params else {}
     summary = {
         "size": size,
+        **shape,
         "model": model or {"path": MODEL},
         "config": {**config, "warmup_steps": warmup, "measured_steps": measured},
         "machine": machine,
@@ -481,6 +536,8 @@ def write_report(
     }
     (out / "bench.json").write_text(json.dumps(summary, indent=2))
     lines = [
+        f"{shape['num_processes']} process(es), vLLM TP {shape['tensor_parallel_size']}",
+        "",
         "| contender | DeepSpeed file | util | median s/step | mean s/step | peak device GiB (sampled) "
         "| push s | sleep s | wake s | generate s | offload s | logp diff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -587,6 +644,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-seconds", type=float, default=480.0, help="start no contender past this")
     parser.add_argument("--contender-timeout", type=float, default=200.0)
     parser.add_argument("--cpu", action="store_true", help="CPU dry run of the plumbing (a vLLM stand-in)")
+    parser.add_argument("--num-processes", type=int, default=1, help="training processes, one per GPU")
+    parser.add_argument("--tp", type=int, default=1, help="vLLM tensor-parallel size (must divide --num-processes)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", default=MODEL, help=argparse.SUPPRESS)
     parser.add_argument("--util", type=float, default=None, help=argparse.SUPPRESS)
@@ -605,6 +664,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.contenders = (DEFAULT_CONTENDERS if args.size == "small" else DEFAULT_LARGE_CONTENDERS).split(",")
     if args.warmup_steps < 0 or args.measured_steps < 1:
         parser.error("--warmup-steps must be >= 0 and --measured-steps >= 1")
+    if args.num_processes < 1 or args.tp < 1 or args.num_processes % args.tp:
+        parser.error(f"--tp {args.tp} must divide --num-processes {args.num_processes}")
+    if config["per_device_train_batch_size"] % args.num_processes:
+        parser.error(
+            f"--num-processes {args.num_processes} must divide the {args.size} size's "
+            f"{config['per_device_train_batch_size']} completions per micro-batch"
+        )
     return args
 
 
@@ -623,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
             model=args.model,
             util=args.util,
             profile_steps=profile_steps,
+            num_processes=args.num_processes,
+            tensor_parallel_size=args.tp,
         )
         return 0
     if args.measure_machine:
@@ -699,8 +767,11 @@ def main(argv: list[str] | None = None) -> int:
     deepspeed_files = {}
     for choice, config in (
         ("plain", PLAIN_DEEPSPEED),
-        ("product", product_deepspeed()),
-        ("product-offload", product_deepspeed(offload_trainer_state=True)),
+        ("product", product_deepspeed(gpus=args.num_processes, tensor_parallel_size=args.tp)),
+        (
+            "product-offload",
+            product_deepspeed(offload_trainer_state=True, gpus=args.num_processes, tensor_parallel_size=args.tp),
+        ),
     ):
         deepspeed_files[choice] = out / f"deepspeed-{choice}.json"
         deepspeed_files[choice].write_text(json.dumps(config, indent=2))
@@ -708,7 +779,16 @@ def main(argv: list[str] | None = None) -> int:
     last_wall = 100.0  # a first guess of one contender's wall time, then the last one's
 
     def report() -> list[str]:
-        return write_report(out, machine, results, args.warmup_steps, args.measured_steps, args.size, model_info)
+        return write_report(
+            out,
+            machine,
+            results,
+            args.warmup_steps,
+            args.measured_steps,
+            args.size,
+            model_info,
+            {"num_processes": args.num_processes, "tensor_parallel_size": args.tp},
+        )
 
     for contender in args.contenders:
         failed_attempts: list[dict] = []
@@ -734,13 +814,17 @@ def main(argv: list[str] | None = None) -> int:
                     "--zero3_init_flag",
                     "true",
                     "--num_processes",
-                    "1",
+                    str(args.num_processes),
                     "--mixed_precision",
                     "no" if args.cpu else "bf16",
                     "--module",
                     "bench.grpo_step",
                     "--worker",
                     contender,
+                    "--num-processes",
+                    str(args.num_processes),
+                    "--tp",
+                    str(args.tp),
                     "--out",
                     str(work),
                     "--size",

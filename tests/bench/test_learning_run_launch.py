@@ -9,6 +9,8 @@ import pytest
 import yaml
 from gpu.drivers import learning_run
 
+from colocgrpo_operator.api import JobSpecError
+
 
 @pytest.mark.parametrize(("gpus", "offload", "one_gpu_file"), [(1, False, True), (1, True, False), (2, False, False)])
 def test_launch_files_follow_the_machine_and_the_offload(tmp_path, gpus, offload, one_gpu_file):
@@ -43,3 +45,16 @@ def test_offload_render_names_deepspeeds_adamw_and_the_reference_reuses_the_file
     config = yaml.safe_load((reference / "grpo.yaml").read_text())
     assert config["vllm"]["offload_trainer_state"] is False and config["vllm"]["sleep_policy"] == "off"
     assert "copied from main" in source
+
+
+def test_a_four_gpu_tp2_run_gets_the_four_gpu_job_and_its_tp_size(tmp_path):
+    learning_run.write_inputs(
+        tmp_path, "auto", 3, {}, offload=False, dtype="bfloat16", num_processes=4, tensor_parallel_size=2
+    )
+    accelerate = yaml.safe_load((tmp_path / "accelerate.yaml").read_text())
+    assert accelerate["num_processes"] == 4 and accelerate["distributed_type"] == "DEEPSPEED"
+    deepspeed = json.loads((tmp_path / "deepspeed.json").read_text())
+    assert deepspeed["zero_optimization"]["stage3_param_persistence_threshold"] == "auto"  # a multi-GPU file
+    assert yaml.safe_load((tmp_path / "grpo.yaml").read_text())["vllm"]["tensor_parallel_size"] == 2
+    with pytest.raises(JobSpecError, match="tensorParallelSize"):
+        learning_run.machine_job(gpus=4, tensor_parallel_size=3)

@@ -22,6 +22,13 @@ Environment:
                                     deepspeed.json renders it (large parameters released after use);
                                     with COLOCGRPO_PUSH_FORCE_GATHER=1 every push goes through the
                                     bucket's GatheredParameters, the path of multi-GPU jobs
+  COLOCGRPO_INTEGRITY_TP            vLLM tensor-parallel size (default 1); run the suite in one process per
+                                    GPU, `python -m torch.distributed.run --nproc-per-node N -m pytest ...`:
+                                    every rank checks its own share of its TP group's generates
+  COLOCGRPO_INTEGRITY_SIGMA/_STALE_MARGIN  the weight versions' perturbation (default 0.1 × each tensor's std)
+                                    and the stale-margin bound (default 3.0 logits): SmolLM2's. CPU dry runs on
+                                    the tiny random model, whose greedy output barely moves and whose logits are
+                                    small, pass 4 and 0.1
   COLOCGRPO_REQUIRE_GPU=1           fail instead of skipping when CUDA or vLLM is missing
 """
 
@@ -46,9 +53,13 @@ except ImportError:
     unavailable("torch is not installed")
 # CPU dry runs of this suite (a vLLM stand-in on PYTHONPATH, docs/gpu-proofs.md) set cpu/float32.
 DEVICE = os.environ.get("COLOCGRPO_INTEGRITY_DEVICE", "cuda")
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))  # set by torch.distributed.run with several processes
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 DTYPE = getattr(torch, os.environ.get("COLOCGRPO_INTEGRITY_DTYPE", "bfloat16"))
 if DEVICE == "cuda" and not torch.cuda.is_available():
     unavailable("needs a CUDA GPU")
+if DEVICE == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
+    unavailable(f"needs a GPU per process ({os.environ.get('LOCAL_WORLD_SIZE')}), has {torch.cuda.device_count()}")
 try:
     import vllm  # noqa: F401
 except ImportError as err:
@@ -61,8 +72,11 @@ ZERO3 = os.environ.get("COLOCGRPO_INTEGRITY_ZERO3") == "1"
 POLICIES = [p for p in os.environ.get("COLOCGRPO_INTEGRITY_POLICIES", "off,level1,level2,auto").split(",") if p]
 SEEDS = [int(s) for s in os.environ.get("COLOCGRPO_INTEGRITY_SEEDS", "11,12,13").split(",") if s]
 MAX_STEPS = int(os.environ.get("COLOCGRPO_INTEGRITY_MAX_STEPS", "5"))
+TP = int(os.environ.get("COLOCGRPO_INTEGRITY_TP", "1"))
 FRESH_MARGIN = 1.5  # logits: HF vs vLLM bf16 kernel differences stay below this
-STALE_MARGIN = 3.0  # a stale completion misses the new arg-max by more than this somewhere
+# A stale completion misses the new arg-max by more than this somewhere.
+STALE_MARGIN = float(os.environ.get("COLOCGRPO_INTEGRITY_STALE_MARGIN", "3.0"))
+SIGMA = float(os.environ.get("COLOCGRPO_INTEGRITY_SIGMA", "0.1"))
 STALE_FRACTION = 0.8  # of the steps must expose staleness (measured: all, with 5.0+ logits)
 NEW_TOKENS = 12
 PROMPTS = [
@@ -73,12 +87,20 @@ PROMPTS = [
     "Count from one to five.",
     "Give me a fruit.",
 ]
-RESULTS: dict = {"policies": {}, "model": MODEL, "fresh_margin_bound": FRESH_MARGIN, "stale_margin_bound": STALE_MARGIN}
+RESULTS: dict = {
+    "policies": {},
+    "model": MODEL,
+    "processes": WORLD_SIZE,
+    "tensor_parallel_size": TP,
+    "fresh_margin_bound": FRESH_MARGIN,
+    "stale_margin_bound": STALE_MARGIN,
+    "sigma": SIGMA,
+}
 
 
 def _write_results() -> None:
     out = os.environ.get("COLOCGRPO_RESULTS_DIR")
-    if out:
+    if out and int(os.environ.get("RANK", "0")) == 0:  # every rank asserts; rank 0 reports
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "weight_integrity.json").write_text(json.dumps(RESULTS, indent=2, default=str))
 
@@ -93,22 +115,31 @@ def rig():
 
     if not Path(MODEL).exists():
         pytest.fail(f"test model not found at {MODEL} (set COLOCGRPO_TEST_MODEL)")
+    if ZERO3 and WORLD_SIZE > 1:
+        pytest.fail("COLOCGRPO_INTEGRITY_ZERO3 partitions over one process: run it without torch.distributed.run")
     torch.manual_seed(0)
+    device = torch.device(DEVICE, LOCAL_RANK) if DEVICE == "cuda" else torch.device(DEVICE)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     tok = AutoTokenizer.from_pretrained(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=DTYPE).to(DEVICE).eval()
+    # Every rank holds the whole trainer model (and, by WeightVersions' seeds, the same versions).
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=DTYPE).to(device).eval()
     gather = None
     if ZERO3:
         model, gather = zero3_partitioned(model)
-    accelerator = Accelerator()  # after: completing the DeepSpeed file resets accelerate's state
+    # After: completing the DeepSpeed file resets accelerate's state. Several CPU processes: gloo.
+    accelerator = Accelerator(cpu=device.type == "cpu" and WORLD_SIZE > 1)
     RESULTS.update(zero3=ZERO3, push_force_gather=os.environ.get("COLOCGRPO_PUSH_FORCE_GATHER") == "1")
-    versions = WeightVersions(model, gather=gather)
+    versions = WeightVersions(model, sigma=SIGMA, gather=gather)
     start = time.perf_counter()
     engine = ColocatedVLLM(
         model,
         accelerator,
         tok,
         # Built with sleep mode; each test switches the policy on the same engine.
-        settings=VLLMSettings(sleep_policy="level2", gpu_memory_utilization=0.3, max_model_len=512),
+        settings=VLLMSettings(
+            tensor_parallel_size=TP, sleep_policy="level2", gpu_memory_utilization=0.3, max_model_len=512
+        ),
         seed=0,
         bucket_bytes=64 * 1024 * 1024,
         temperature=0.0,

@@ -4,6 +4,7 @@ shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,20 @@ def test_product_deepspeed_file_is_the_operators_one_gpu_render():
     assert grpo_step.deepspeed_file_key("ours-auto-offload") == "product-offload"
     assert grpo_step.deepspeed_file_key("ours-auto") == "product"
     assert grpo_step.deepspeed_file_key("trl-sleep") == "plain"
+
+
+def test_several_processes_share_the_step_under_the_operators_render_for_their_shape():
+    # Four GPUs, TP 2: the step's completions split over the processes, vLLM's TP size set for
+    # both trainers, and the deepspeed.json the operator renders for a 4-GPU job.
+    kwargs = grpo_step.grpo_kwargs(
+        "trl-sleep", Path("/tmp/bench"), 2, cpu=True, num_processes=4, tensor_parallel_size=2
+    )
+    assert kwargs["per_device_train_batch_size"] * 4 == grpo_step.CONFIG["per_device_train_batch_size"]
+    assert kwargs["vllm_tensor_parallel_size"] == 2 and kwargs["ddp_backend"] == "gloo"
+    zero = grpo_step.product_deepspeed(gpus=4, tensor_parallel_size=2)["zero_optimization"]
+    assert zero["stage3_param_persistence_threshold"] == "auto"  # the multi-GPU render: parameters released
+    parsed = grpo_step.parse_args(["--out", "/tmp/bench", "--num-processes", "4", "--tp", "2"])
+    assert (parsed.num_processes, parsed.tp) == (4, 2)
+    for bad in (["--num-processes", "4", "--tp", "3"], ["--num-processes", "3"]):
+        with pytest.raises(SystemExit):
+            grpo_step.parse_args(["--out", "/tmp/bench", *bad])

@@ -16,10 +16,13 @@ same data order, the main run's deepspeed.json). `--smoke`: plumbing only (no cr
 reference). `--offload-trainer-state` offloads the trainer state in the main run;
 `--render-gpus N` trains under the deepspeed.json of an N-GPU job; `--force-gather` makes
 every weight push go through ZeRO-3's GatheredParameters (COLOCGRPO_PUSH_FORCE_GATHER=1).
+`--num-processes N --tp T` runs the job of one node with N GPUs and vLLM TP T (the step's
+`--batch` completions shared over the N processes); `--cpu` is a dry run of the plumbing on CPU
+with a vLLM stand-in on PYTHONPATH (float32, DeepSpeed over gloo).
 
     python3 tests/gpu/drivers/learning_run.py --out DIR [--steps 80] [--reference-steps 12] [--smoke]
         [--policy auto] [--offload-trainer-state] [--render-gpus N] [--force-gather]
-        [--logp-only] [--logp-rel-tol 0.2] [--logp-abs-tol 0.005]
+        [--logp-only] [--logp-rel-tol 0.2] [--logp-abs-tol 0.005] [--num-processes 1 --tp 1] [--cpu]
 
 Writes DIR/learning_run.json and DIR/reward_curve.csv; exits 1 when a criterion fails,
 2 when a run fails or exceeds its time limit (its logs stay under DIR/run-*/).
@@ -82,7 +85,11 @@ FALLBACK_DEEPSPEED = {
 
 
 def launch_files(
-    work: Path, num_processes: int, offload_trainer_state: bool = False, render_gpus: int | None = None
+    work: Path,
+    num_processes: int,
+    offload_trainer_state: bool = False,
+    render_gpus: int | None = None,
+    tensor_parallel_size: int = 1,
 ) -> tuple[dict, dict, str]:
     """deepspeed.json and accelerate.yaml as the operator renders them for a GPU job with the
     topology of this one machine and the run's trainer-state offload (bench/machine_job.py):
@@ -93,9 +100,11 @@ def launch_files(
     try:
         from colocgrpo_operator.render import accelerate_config, deepspeed_config
 
-        job = machine_job(gpus=num_processes, offload_trainer_state=offload_trainer_state)
+        job = machine_job(
+            gpus=num_processes, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size
+        )
         ds, acc = deepspeed_config(job), accelerate_config(job)
-        source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs"
+        source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs, TP {tensor_parallel_size}"
         if render_gpus is not None and render_gpus != num_processes:
             ds = deepspeed_config(machine_job(gpus=render_gpus, offload_trainer_state=offload_trainer_state))
             source += f" (deepspeed.json rendered for 1 node x {render_gpus} GPUs)"
@@ -133,6 +142,8 @@ def write_inputs(
     dtype: str,
     render_gpus: int | None = None,
     deepspeed_from: Path | None = None,
+    num_processes: int = 1,
+    tensor_parallel_size: int = 1,
 ) -> tuple[Path, str]:
     import yaml
 
@@ -153,6 +164,7 @@ def write_inputs(
         "reward_modules_dir": str(work / "rewards"),
         "vllm": {
             "enabled": True,
+            "tensor_parallel_size": tensor_parallel_size,
             "sleep_policy": policy,
             "gpu_memory_utilization": 0.3,
             "max_model_len": 512,
@@ -167,7 +179,11 @@ def write_inputs(
     path = work / "grpo.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     ds, acc, source = launch_files(
-        work, int(os.environ.get("COLOCGRPO_NUM_GPUS", "1")), offload_trainer_state=offload, render_gpus=render_gpus
+        work,
+        num_processes,
+        offload_trainer_state=offload,
+        render_gpus=render_gpus,
+        tensor_parallel_size=tensor_parallel_size,
     )
     if deepspeed_from is not None:
         # The reference trains under the main run's file (its optimizer too): only sleep and offload differ.
@@ -205,9 +221,13 @@ def run(
     render_gpus: int | None = None,
     deepspeed_from: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    num_processes: int = 1,
+    tensor_parallel_size: int = 1,
 ) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    config, launch_source = write_inputs(work, policy, steps, grpo, offload, dtype, render_gpus, deepspeed_from)
+    config, launch_source = write_inputs(
+        work, policy, steps, grpo, offload, dtype, render_gpus, deepspeed_from, num_processes, tensor_parallel_size
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -284,12 +304,25 @@ def main() -> int:
     parser.add_argument("--reference-steps", type=int, default=12)
     parser.add_argument("--policy", default="auto")
     parser.add_argument("--smoke", action="store_true", help="plumbing only: no criteria, no reference run")
-    parser.add_argument("--batch", type=int, default=64, help="completions per step (prompts × generations)")
+    parser.add_argument(
+        "--batch", type=int, default=64, help="completions per step (prompts × generations), over all processes"
+    )
+    parser.add_argument(
+        "--num-processes",
+        type=int,
+        default=int(os.environ.get("COLOCGRPO_NUM_GPUS", "1")),
+        help="training processes, one per GPU (the job's gpusPerNode)",
+    )
+    parser.add_argument("--tp", type=int, default=1, help="vLLM tensor-parallel size (must divide --num-processes)")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="CPU dry run of the plumbing (a vLLM stand-in on PYTHONPATH): float32, DeepSpeed over gloo",
+    )
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=24)
     parser.add_argument("--seconds-per-step", type=float, default=2.5, help="for the time limits")
     parser.add_argument("--startup-seconds", type=float, default=180.0, help="for the time limits")
-    # CPU dry runs of the plumbing (a vLLM stand-in on PYTHONPATH): --dtype float32 --grpo-extra '{"use_cpu": true}'
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--grpo-extra", type=json.loads, default={}, help="JSON merged into the grpo section")
     parser.add_argument("--offload-trainer-state", action="store_true", help="vllm.offloadTrainerState in the main run")
@@ -314,16 +347,24 @@ def main() -> int:
     if not Path(MODEL).exists():
         print(f"[learning] model not found at {MODEL} (set COLOCGRPO_TEST_MODEL)", file=sys.stderr)
         return 2
+    if args.batch % args.num_processes or args.num_processes % args.tp:
+        parser.error(f"--batch {args.batch} must split over --num-processes {args.num_processes}, which --tp divides")
     grpo = {
-        "per_device_train_batch_size": args.batch,
+        # The step's completions are the same whatever the process count: each process takes its share.
+        "per_device_train_batch_size": args.batch // args.num_processes,
         "num_generations": args.num_generations,
         "max_completion_length": args.max_completion_length,
         "learning_rate": 1e-5,
         "beta": 0.0,
         "seed": 42,
         "disable_tqdm": True,
+        # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process).
+        **({"ddp_backend": "gloo"} if args.cpu else {}),
         **args.grpo_extra,
     }
+    if args.cpu:
+        args.dtype = "float32"
+    shape = {"num_processes": args.num_processes, "tensor_parallel_size": args.tp}
 
     def limit(steps: int) -> float:
         return args.startup_seconds + args.seconds_per_step * steps
@@ -341,6 +382,7 @@ def main() -> int:
             dtype=args.dtype,
             render_gpus=args.render_gpus,
             extra_env=extra_env,
+            **shape,
         )
     ]
     if not args.smoke and runs[0]["returncode"] == 0:
@@ -356,12 +398,14 @@ def main() -> int:
                 render_gpus=args.render_gpus,
                 deepspeed_from=main_work / "deepspeed.json",
                 extra_env=extra_env,
+                **shape,
             )
         )
     main_run = runs[0]
     rewards = main_run["rewards"]
     n = args.reference_steps
     verdict: dict[str, Any] = {
+        **shape,
         "smoke": args.smoke,
         "runs_ok": all(r["returncode"] == 0 for r in runs),
         "logged_steps": len(rewards),

@@ -14,6 +14,15 @@
 #   PARTS=offload-learning   30 steps with the offload against sleep off: log-prob difference within 5 % (~6 min)
 #   PARTS=gather-integrity   the integrity suite, ZeRO-3 model, every push gathered (~3 min)
 #   PARTS=gather-learning    30 level-2 steps, 8-GPU deepspeed.json on one GPU, pushes gathered (~5 min)
+# Several GPUs: NPROC processes (one per GPU) and vLLM tensor-parallel size TP for integrity, learning and
+# bench (TP divides NPROC; a TP group stays on this one node). Every part minimal, in one call:
+#   SMOKE=1 NPROC=2 TP=2 bash tests/gpu/drivers/run_on_device.sh     # TP 2 on 2 GPUs
+#   SMOKE=1 NPROC=4 TP=4 bash tests/gpu/drivers/run_on_device.sh     # TP 4 on 4 GPUs
+#   SMOKE=1 NPROC=4 TP=2 bash tests/gpu/drivers/run_on_device.sh     # DP 2 x TP 2 on 4 GPUs
+# and each full part in a call of its own (NPROC=4 TP=2 PARTS=integrity, ...=learning, ...=bench).
+# CPU=1: the same command as a dry run of the plumbing on CPU, with the vLLM stand-in (tests/support/cpu_vllm.py)
+# and, unless COLOCGRPO_TEST_MODEL names one, the tiny model built here; make test runs
+#   CPU=1 SMOKE=1 NPROC=4 TP=2 bash tests/gpu/drivers/run_on_device.sh   (tests/training/test_gpu_dry_run.py)
 #
 # Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
@@ -32,12 +41,16 @@ OUT="${OUT:-$REPO/gpu-out}"
 WORK="${WORK:-/tmp/gpu-work}"
 SMOKE="${SMOKE:-0}"
 DEADLINE_S="${DEADLINE_S:-560}"
+NPROC="${NPROC:-1}"
+TP="${TP:-1}"
+CPU="${CPU:-0}"
 if [[ "$SMOKE" == 1 ]]; then PARTS="${PARTS:-integrity,learning,bench}"; else PARTS="${PARTS:-integrity,learning}"; fi
 mkdir -p "$OUT" "$WORK"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 die() { say "FATAL: $*"; exit 3; }
+(( NPROC >= 1 && TP >= 1 && NPROC % TP == 0 )) || die "TP=$TP must divide NPROC=$NPROC"
 
 # -- environment (env.sh from install.sh sets PYTHONPATH=/tmp/site and the variables below) --
 [[ -f /tmp/site/env.sh ]] && source /tmp/site/env.sh
@@ -57,8 +70,34 @@ export HF_DATASETS_CACHE="$WORK/hf-datasets"
 unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
 PY="${PYTHON:-python3}"
 
-say "colocgrpo GPU proofs: SMOKE=$SMOKE PARTS=$PARTS commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-say "gpu: $(nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | head -1)"
+say "colocgrpo GPU proofs: SMOKE=$SMOKE PARTS=$PARTS NPROC=$NPROC TP=$TP CPU=$CPU commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+if [[ "$CPU" == 1 ]]; then
+  # The dry run: the vLLM stand-in as an importable package for every launched process, the tiny model.
+  export PYTHONPATH="$WORK/standin:$REPO/tests:$PYTHONPATH" OMP_NUM_THREADS=1
+  "$PY" -c 'import sys; from support.cpu_vllm import write_package; write_package(sys.argv[1])' "$WORK/standin" \
+    || die "cannot write the vLLM stand-in"
+  if [[ ! -d "$COLOCGRPO_TEST_MODEL" ]]; then
+    "$PY" -m colocgrpo_training.tiny_model "$WORK/tiny-model" >/dev/null || die "cannot build the tiny model"
+    export COLOCGRPO_TEST_MODEL="$WORK/tiny-model"
+  fi
+  # The tiny random model's greedy output barely moves under SmolLM2's perturbation, and its logits are small.
+  export COLOCGRPO_INTEGRITY_DEVICE=cpu COLOCGRPO_INTEGRITY_DTYPE=float32
+  export COLOCGRPO_INTEGRITY_SIGMA=4 COLOCGRPO_INTEGRITY_STALE_MARGIN=0.1
+  # CPU-sized steps (the stand-in recomputes every token); later arguments in LEARN_ARGS/BENCH_ARGS win.
+  LEARN_ARGS="--cpu --batch 16 --num-generations 4 --max-completion-length 8 ${LEARN_ARGS:-}"
+  BENCH_ARGS="--cpu --size cpu ${BENCH_ARGS:-}"
+  BENCH_CONTENDERS="${BENCH_CONTENDERS:-ours-auto}"  # the offload moves GPU memory: nothing to move on CPU
+  say "gpu: none (CPU dry run, vLLM stand-in, model $COLOCGRPO_TEST_MODEL)"
+else
+  say "gpu: $(nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | head -1)"
+fi
+# The integrity suite in NPROC processes (each rank checks its share of its TP group's generates).
+if (( NPROC > 1 )); then
+  PYTEST=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m pytest)
+else
+  PYTEST=("$PY" -m pytest)
+fi
+SHAPE_ARGS=(--num-processes "$NPROC" --tp "$TP")
 [[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (run tests/gpu/drivers/offline_wheels/install.sh first)"
 if ! "$PY" -c 'import pytest' 2>/dev/null; then
   ls .whl/*.whl >/dev/null 2>&1 || die "pytest missing and no .whl/ carried (carry .whl)"
@@ -99,11 +138,12 @@ if [[ ",$PARTS," == *",integrity,"* ]]; then
     limit=230
   fi
   export COLOCGRPO_RESULTS_DIR="$WORK/integrity" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}"
+  export COLOCGRPO_INTEGRITY_TP="$TP"
   mkdir -p "$COLOCGRPO_RESULTS_DIR"
+  junit=(); (( NPROC == 1 )) && junit=(--junitxml="$WORK/integrity/junit.xml")  # one writer
   # --noconftest: the shared conftest wants the cluster tooling, absent on the GPU machine.
   run_part integrity "$limit" \
-    "$PY" -m pytest -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py \
-    --junitxml="$WORK/integrity/junit.xml"
+    "${PYTEST[@]}" -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py "${junit[@]}"
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/integrity.log" | tail -8 >>"$SUMMARY"
 fi
 if [[ ",$PARTS," == *",push,"* ]]; then
@@ -120,11 +160,12 @@ fi
 if [[ ",$PARTS," == *",learning,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
     run_part learning 200 "$PY" tests/gpu/drivers/learning_run.py --out "$WORK/learning" --smoke --steps 6 \
-      --startup-seconds 160 --seconds-per-step 3 ${LEARN_ARGS:-}
+      --startup-seconds 160 --seconds-per-step 3 "${SHAPE_ARGS[@]}" ${LEARN_ARGS:-}
   else
     # ~1.15 s/step measured under ZeRO-3; limits: startup 150 s + 2 s/step per run.
     run_part learning 470 "$PY" tests/gpu/drivers/learning_run.py --out "$WORK/learning" \
-      --steps "${LEARN_STEPS:-80}" --reference-steps "${LEARN_REF_STEPS:-12}" --startup-seconds 150 --seconds-per-step 2 ${LEARN_ARGS:-}
+      --steps "${LEARN_STEPS:-80}" --reference-steps "${LEARN_REF_STEPS:-12}" --startup-seconds 150 --seconds-per-step 2 \
+      "${SHAPE_ARGS[@]}" ${LEARN_ARGS:-}
   fi
   [[ -f "$WORK/learning/learning_run.json" ]] && "$PY" -c 'import json,sys; print("learning verdict:", json.dumps(json.load(open(sys.argv[1]))["verdict"]))' \
     "$WORK/learning/learning_run.json" >>"$SUMMARY" 2>&1
@@ -132,13 +173,13 @@ fi
 if [[ ",$PARTS," == *",bench,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
     run_part bench 230 "$PY" -m bench.grpo_step --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
-      --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150 ${BENCH_ARGS:-}
+      --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150 "${SHAPE_ARGS[@]}" ${BENCH_ARGS:-}
   else
     # The budget is what the deadline leaves (other parts may have run first), less one contender.
     left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
     run_part bench $(( left + 20 )) "$PY" -m bench.grpo_step --out "$WORK/bench" \
       ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds $(( left < 480 ? left - 40 : 440 )) \
-      --contender-timeout 170 ${BENCH_ARGS:-}
+      --contender-timeout 170 "${SHAPE_ARGS[@]}" ${BENCH_ARGS:-}
   fi
   [[ -f "$WORK/bench/bench.md" ]] && cat "$WORK/bench/bench.md" >>"$SUMMARY"
 fi

@@ -1,0 +1,81 @@
+"""The multi-GPU proof command as a dry run on CPU: world size 4 with vLLM TP 2 (DP 2 × TP 2).
+
+`tests/gpu/drivers/run_on_device.sh` runs the GPU suites (weight integrity, the learning run
+through the entrypoint, the step benchmark) with `NPROC` processes and vLLM TP size `TP`. Here
+the command documented for 4 GPUs runs with `CPU=1`: the vLLM stand-in, the tiny model, DeepSpeed
+over gloo. What differs on the GPU machine is the hardware, not the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "gpu" / "drivers" / "run_on_device.sh"
+LIMIT_S = 600  # the script's own deadline (DEADLINE_S) is below; past this it hangs
+
+
+def test_the_four_gpu_command_runs_on_cpu_at_dp2_tp2(tmp_path, tiny_model_dir, trainer_env):
+    import sys
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = trainer_env(tmp_path)
+    env.update(
+        CPU="1",
+        SMOKE="1",
+        NPROC="4",
+        TP="2",
+        PYTHON=sys.executable,
+        OUT=str(out),
+        WORK=str(work),
+        COLOCGRPO_TEST_MODEL=str(tiny_model_dir),
+        DEADLINE_S="540",
+    )
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # on the limit, the script and everything it started go together
+    )
+    try:
+        console, _ = proc.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        console, _ = proc.communicate()
+        pytest.fail(f"run_on_device.sh did not finish within {LIMIT_S} s\n{console[-4000:]}")
+    summary = (out / "summary.txt").read_text()
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
+    assert proc.returncode == 0, f"{summary}\n{logs}"
+    for part in ("integrity", "learning", "bench"):
+        assert re.search(rf"^{part}: rc=0 ", summary, re.M), summary
+
+    # Integrity: every one of the 4 ranks ran the suite (auto over one schedule, the naive level-2 wake).
+    integrity = (out / "integrity.log").read_text()
+    assert len(re.findall(r"^=+ 2 passed", integrity, re.M)) == 4, integrity[-3000:]
+    checked = json.loads((work / "integrity" / "weight_integrity.json").read_text())
+    assert (checked["processes"], checked["tensor_parallel_size"]) == (4, 2)
+    assert checked["policies"]["auto"]["runs"][0]["fresh_margins"]
+
+    # Learning: the entrypoint under the operator's 4-GPU, TP-2 render, every step logged.
+    learning = json.loads((work / "learning" / "learning_run.json").read_text())
+    assert learning["verdict"]["runs_ok"] and learning["verdict"]["logged_steps"] == 6, learning["verdict"]
+    assert (learning["verdict"]["num_processes"], learning["verdict"]["tensor_parallel_size"]) == (4, 2)
+    assert "1 node x 4 GPUs, TP 2" in learning["runs"][0]["launch_files"]
+
+    # Bench: one contender, 4 processes, TP 2.
+    bench = json.loads((work / "bench" / "bench.json").read_text())
+    assert (bench["num_processes"], bench["tensor_parallel_size"]) == (4, 2)
+    (result,) = bench["results"]
+    assert result["contender"] == "ours-auto" and result["median_s_per_step"] > 0, result
+    assert (result["num_processes"], result["tensor_parallel_size"]) == (4, 2)
