@@ -244,7 +244,7 @@ def grpo_kwargs(
         vllm_tensor_parallel_size=tensor_parallel_size,
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
         # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process).
-        **({"ddp_backend": "gloo"} if cpu else {}),
+        ddp_backend="gloo" if cpu else None,
     )
 
 

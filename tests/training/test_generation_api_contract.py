@@ -139,7 +139,12 @@ def test_grpo_config_fields_the_trainer_and_bench_set():
     }
     assert set_by_trainer and set_by_trainer <= fields, set_by_trainer - fields
     bench = (Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py").read_text()
-    used_by_bench = call_keywords(bench, "GRPOConfig")
+    # The bench's GRPOConfig arguments are the dict its grpo_kwargs builds.
+    kwargs_fn = next(
+        n for n in ast.walk(ast.parse(bench)) if isinstance(n, ast.FunctionDef) and n.name == "grpo_kwargs"
+    )
+    used_by_bench = call_keywords(bench, "GRPOConfig") | call_keywords(ast.get_source_segment(bench, kwargs_fn), "dict")
+    assert {"vllm_tensor_parallel_size", "per_device_train_batch_size", "ddp_backend"} <= used_by_bench
     assert used_by_bench and used_by_bench <= fields, used_by_bench - fields
 
 

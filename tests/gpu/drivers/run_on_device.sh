@@ -84,7 +84,7 @@ if [[ "$CPU" == 1 ]]; then
   export COLOCGRPO_INTEGRITY_DEVICE=cpu COLOCGRPO_INTEGRITY_DTYPE=float32
   export COLOCGRPO_INTEGRITY_SIGMA=4 COLOCGRPO_INTEGRITY_STALE_MARGIN=0.1
   # CPU-sized steps (the stand-in recomputes every token); later arguments in LEARN_ARGS/BENCH_ARGS win.
-  LEARN_ARGS="--cpu --batch 16 --num-generations 4 --max-completion-length 8 ${LEARN_ARGS:-}"
+  LEARN_ARGS="--cpu --steps 3 --batch 16 --num-generations 4 --max-completion-length 8 ${LEARN_ARGS:-}"
   BENCH_ARGS="--cpu --size cpu ${BENCH_ARGS:-}"
   BENCH_CONTENDERS="${BENCH_CONTENDERS:-ours-auto}"  # the offload moves GPU memory: nothing to move on CPU
   say "gpu: none (CPU dry run, vLLM stand-in, model $COLOCGRPO_TEST_MODEL)"
