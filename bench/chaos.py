@@ -122,7 +122,10 @@ def job_body(name: str, rng: random.Random, suspended: bool = False) -> dict[str
     body: dict[str, Any] = yaml.safe_load((REPO / "examples/tiny-cpu.yaml").read_text())
     body["metadata"] = {"name": name}
     gpus = rng.choice([0, 0, 1, 2])
-    body["spec"]["resources"] = {"nodes": rng.choice([1, 1, 2]), "gpusPerNode": gpus, "cpu": "50m", "memory": "32Mi"}
+    nodes = rng.choice([1, 1, 2])
+    body["spec"]["resources"] = {"nodes": nodes, "gpusPerNode": gpus, "cpu": "50m", "memory": "32Mi"}
+    if nodes > 1:  # pods on their own emptyDirs cannot resume together (no claim here)
+        body["spec"]["checkpoint"] = {**body["spec"].get("checkpoint", {}), "resume": "never"}
     if gpus:
         body["spec"]["model"]["dtype"] = "bfloat16"
     body["spec"]["runPolicy"] = {"maxRestarts": rng.choice([1, 3]), "suspend": suspended}
