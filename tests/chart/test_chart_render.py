@@ -40,6 +40,8 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
@@ -458,6 +460,22 @@ def test_crd_is_installed_from_crds_dir_and_can_be_skipped(render_chart):
     assert crd["spec"]["names"]["shortNames"] == ["cgj"]
     assert not by_kind(render_chart("--skip-crds"), "CustomResourceDefinition")
     assert not by_kind(render_chart(), "CustomResourceDefinition")  # templates never carry the CRD
+
+
+def test_trainer_status_policy_is_the_one_the_dev_cluster_installs(render_chart):
+    """The chart's policy is api/admission.py's (which the tests and `colocgrpo dev cluster up` install and the
+    forgery tests prove), under the release's name, and can be turned off."""
+    from colocgrpo_operator.api.admission import trainer_status_policy
+
+    objects = render_chart(release="cgo")
+    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    expected_policy, expected_binding = trainer_status_policy("cgo-colocgrpo-operator-trainer-status")
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == expected_policy["metadata"]["name"]
+    assert policy["spec"] == expected_policy["spec"]
+    assert binding["spec"] == expected_binding["spec"]
+    off = render_chart("--set", "trainerStatusPolicy.enabled=false")
+    assert not [o for o in off if o["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from colocgrpo_operator.devcluster.api_install import install_api
 from colocgrpo_operator.devcluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
-from support.operator_harness import CRD_FILE, NAMESPACE_PATTERN, Cluster, OperatorProcess
+from support.operator_harness import NAMESPACE_PATTERN, Cluster, OperatorProcess
 
 
 @pytest.fixture(scope="session")
 def crd_installed(kube_cluster) -> None:
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/colocgrpojobs.colocgrpo.io")
+    """The CRD and the trainer status policy, as the chart and `colocgrpo dev cluster up` install them."""
+    install_api(kube_cluster.kubectl)
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,9 @@ TRAINER_APP_NAME = "colocgrpo-trainer"  # app.kubernetes.io/name of every child
 # `kubectl get -o yaml` shows who put them there and nothing collides with another kopf operator.
 OPERATOR_ANNOTATION_PREFIX = GROUP
 EVENT_NAME_PREFIX = "colocgrpo-"
+# The operator's own record of a job (restarts, start and completion times, the final outcome), on
+# the job's metadata: the trainer may write the job's status but never its metadata (controller/record.py).
+RECORD_ANNOTATION = f"{OPERATOR_ANNOTATION_PREFIX}/record"
 
 # The job's name becomes a Service name (DNS-1035 label, 63 characters) and every pod's
 # hostname is `<job>-<completion index>` (also a 63-character DNS label). 52 leaves room
@@ -78,9 +81,16 @@ def batch_job_name(job_name: str) -> str:
     return job_name
 
 
+# The trainer's ServiceAccount is `<job><TRAINER_ACCOUNT_SUFFIX>` (the status policy, api/admission.py,
+# recognises it by that name).
+TRAINER_ACCOUNT_SUFFIX = "-trainer"
+# The ValidatingAdmissionPolicy (and its binding) that limits the trainer to status.progress.
+TRAINER_STATUS_POLICY = "colocgrpo-trainer-status"
+
+
 def trainer_account_name(job_name: str) -> str:
     """ServiceAccount, Role and RoleBinding that let the trainer patch only this job's status."""
-    return f"{job_name}-trainer"
+    return f"{job_name}{TRAINER_ACCOUNT_SUFFIX}"
 
 
 def rank0_address(job_name: str) -> str:

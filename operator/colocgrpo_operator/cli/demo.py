@@ -1,6 +1,7 @@
 """`colocgrpo demo` (what `make demo` runs): the whole path on this machine, for real.
 
-1. start (or reuse) the local control plane with fake GPU nodes, install the CRD;
+1. start (or reuse) the local control plane with fake GPU nodes, install the CRD and the policy
+   that keeps the trainer to status.progress;
 2. run the operator (a subprocess, exactly `colocgrpo operator`);
 3. apply examples/tiny-cpu.yaml; the operator creates its children and the gang's pod;
 4. the pod sits on a KWOK fake node, which runs no containers, so the job's rendered trainer
@@ -119,11 +120,11 @@ class DemoRun:
         gpus = {n["metadata"]["name"]: n["status"]["capacity"].get(GPU_RESOURCE) for n in nodes}
         _say(f"cluster ready; fake GPU nodes: {', '.join(f'{k} ({v} GPUs)' for k, v in gpus.items())}")
 
-    def install_crd(self) -> None:
-        crd = self.repo / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
-        _say(f"installing the CRD ({crd.relative_to(self.repo)})")
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/colocgrpojobs.colocgrpo.io")
+    def install_api(self) -> None:
+        from colocgrpo_operator.devcluster.api_install import install_api
+
+        _say("installing the ColocGRPOJob CRD and the trainer status policy (as the chart does)")
+        install_api(self.cluster.kubectl)
 
     def start_operator(self) -> None:
         port = _free_port()
@@ -319,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         body["spec"].setdefault("trainerArgs", {})["max_steps"] = args.max_steps
     try:
         demo.start_cluster()
-        demo.install_crd()
+        demo.install_api()
         demo.start_operator()
         demo.ensure_tiny_model(trainer_python, body["spec"]["model"]["name"])
         demo.apply_job(body)

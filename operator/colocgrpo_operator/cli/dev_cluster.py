@@ -15,7 +15,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     actions = cluster.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
     for action, text in (
-        ("up", "build missing binaries, start the cluster (idempotent); last line: kubeconfig path"),
+        (
+            "up",
+            "build missing binaries, start the cluster (idempotent), install the ColocGRPOJob CRD and "
+            "the trainer status policy; last line: kubeconfig path",
+        ),
         ("down", "stop every process `up` started and remove the cluster's state"),
         ("status", "print the cluster's state as JSON"),
     ):

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from colocgrpo_operator.devcluster.api_install import install_api
 from colocgrpo_operator.devcluster.binaries import binaries_dir, ensure_binaries, kubectl_path
 from colocgrpo_operator.devcluster.commands import run
 from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
@@ -59,7 +60,8 @@ class DevCluster:
     # -- lifecycle -------------------------------------------------------------------------
 
     def up(self, timeout: float = 120) -> Path:
-        """Build missing binaries, start the cluster unless it already answers, ensure the node pool.
+        """Build missing binaries, start the cluster unless it already answers, ensure the node pool
+        and install the ColocGRPOJob API (the CRD and the trainer status policy, api_install.py).
 
         Idempotent: a running cluster is reused. Returns the kubeconfig path.
         """
@@ -71,6 +73,7 @@ class DevCluster:
             if current != config or not self.is_ready():
                 self._create(config, timeout)
             self.ensure_gpu_nodes(timeout)
+            install_api(self.kubectl, int(timeout))
         return self.kubeconfig
 
     def down(self) -> None:

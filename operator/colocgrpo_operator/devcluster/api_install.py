@@ -1,0 +1,30 @@
+"""Install the ColocGRPOJob API into a cluster the way the chart does: the CRD and the policy that
+keeps each job's trainer to `status.progress` (api/admission.py).
+
+Used by `colocgrpo dev cluster up`, the demo and the test fixtures; the chart ships the same
+objects (crds/, templates/trainer-status-policy.yaml).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Protocol
+
+import yaml
+
+from colocgrpo_operator.api.admission import trainer_status_policy
+from colocgrpo_operator.api.crd import generate_crd
+from colocgrpo_operator.api.naming import CRD_NAME
+
+
+class Kubectl(Protocol):
+    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """kubectl against one cluster (DevCluster.kubectl, ClusterHandle.kubectl)."""
+        ...
+
+
+def install_api(kubectl: Kubectl, timeout_seconds: int = 60) -> None:
+    """Server-side apply the CRD and the trainer status policy; wait until the CRD is Established."""
+    documents = [generate_crd(), *trainer_status_policy()]
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(documents))
+    kubectl("wait", "--for=condition=Established", f"--timeout={timeout_seconds}s", f"crd/{CRD_NAME}")
