@@ -86,10 +86,14 @@ def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):
     assert condition(done, "Failed")["status"] == "False"
     assert done["status"].get("completionTime")
     assert done["status"]["progress"] == progress
-    reasons = {
-        e.get("reason") for e in cluster.events(ns) if (e.get("involvedObject") or {}).get("kind") == "ColocGRPOJob"
-    }
-    assert {"Running", "Succeeded"} <= reasons, reasons
+
+    # kopf posts Events from a queue of its own, after the status write: wait for them, do not race them.
+    def job_event_reasons() -> set[str]:
+        return {
+            e.get("reason") for e in cluster.events(ns) if (e.get("involvedObject") or {}).get("kind") == "ColocGRPOJob"
+        }
+
+    wait_for(lambda: {"Running", "Succeeded"} <= job_event_reasons(), 10, "Running and Succeeded Events")
     assert operator.alive()
 
 
@@ -107,8 +111,15 @@ def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_name
     time.sleep(1)
     assert cluster.batch_jobs(ns, name) == []
     assert cluster.list("/api/v1", "configmaps", ns, f"colocgrpo.io/job-name={name}") == []
-    events = [e for e in cluster.events(ns) if e.get("reason") == "Failed"]
-    assert any("spec.rewards[0].function" in (e.get("message") or "") for e in events), events
+    wait_for(
+        lambda: any(
+            e.get("reason") == "Failed" and "spec.rewards[0].function" in (e.get("message") or "")
+            for e in cluster.events(ns)
+        ),
+        10,
+        "a Failed Event naming spec.rewards[0].function",
+        on_timeout=lambda: str(cluster.events(ns)),
+    )
 
     # Fixing the spec revives the job.
     cluster.patch_job(ns, name, {"spec": {"rewards": [{"function": "accuracy"}]}})
