@@ -14,41 +14,9 @@ from hypothesis import strategies as st
 
 from bench.fuzz import set_path
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
-from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
+from support.operator_harness import OperatorProcess, condition, phase, running_pod, tiny_job, wait_for, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-
-def phase(cluster, namespace, name):
-    return ((cluster.get_job(namespace, name) or {}).get("status") or {}).get("phase")
-
-
-def wait_phase(cluster, namespace, name, wanted, timeout=30, operator=None):
-    wanted = {wanted} if isinstance(wanted, str) else set(wanted)
-    return wait_for(
-        lambda: (obj := cluster.get_job(namespace, name)) and (obj.get("status") or {}).get("phase") in wanted and obj,
-        timeout,
-        f"{namespace}/{name} phase in {sorted(wanted)}",
-        on_timeout=lambda: (
-            f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
-            + (operator.log_tail() if operator else "")
-        ),
-    )
-
-
-def running_pod(cluster, namespace, job, index=0, exclude_uid=None, timeout=30):
-    def find():
-        for pod in cluster.pods(namespace, job):
-            labels = pod["metadata"].get("labels") or {}
-            if labels.get("batch.kubernetes.io/job-completion-index") != str(index):
-                continue
-            if pod["metadata"]["uid"] == exclude_uid or pod["metadata"].get("deletionTimestamp"):
-                continue
-            if (pod.get("status") or {}).get("phase") == "Running":
-                return pod
-        return None
-
-    return wait_for(find, timeout, f"a running pod of {job} index {index}")
 
 
 def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):

@@ -15,7 +15,9 @@ from colocgrpo_operator.api import Phase
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.failures import reason_from_termination_message
 from colocgrpo_operator.controller.objects import format_time
-from colocgrpo_operator.controller.status import Action, RunFacts, assess, invalid_spec_status, remaining_deadline
+from colocgrpo_operator.controller.record import Outcome, Record
+from colocgrpo_operator.controller.status import Action, Assessment, RunFacts, invalid_spec_status, remaining_deadline
+from colocgrpo_operator.controller.status import assess as derive
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 JOB_UID = "job-uid-1"
@@ -92,6 +94,24 @@ def failed(
 
 
 FACTS = RunFacts(nodes=2, gpus_per_node=8, max_restarts=2, generation=1)
+
+
+def assess(
+    facts: RunFacts,
+    job: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    before: Assessment | dict[str, Any] | None,
+    now: datetime,
+    progress: dict[str, Any] | None = None,
+    workloads: list[dict[str, Any]] | None = None,
+) -> Assessment:
+    """The reconcile after `before`: the previous one's outcome (the status it wrote and the record it
+    kept), or a status alone, whose record is then taken from it as from an earlier operator's."""
+    if isinstance(before, Assessment):
+        record, previous = before.record, before.status
+    else:
+        record, previous = (Record.from_status(before) if before else Record()), before
+    return derive(facts, job, pods, record, previous, now, progress, workloads)
 
 
 def cond(status: dict, type_: str) -> dict:
@@ -181,7 +201,7 @@ def test_success():
 
 
 def test_terminal_phase_is_latched():
-    done = assess(FACTS, batch_job(conditions=[{"type": "Complete", "status": "True"}]), [], None, NOW).status
+    done = assess(FACTS, batch_job(conditions=[{"type": "Complete", "status": "True"}]), [], None, NOW)
     later = assess(FACTS, None, [], done, NOW + timedelta(minutes=5))
     assert later.phase == "Succeeded"
     assert later.action is Action.NONE
@@ -197,26 +217,25 @@ def test_failure_restarts_the_gang_and_counts():
 
 
 def test_the_same_failed_job_is_counted_once():
-    first = assess(FACTS, batch_job(), [failed(0)], None, NOW).status
+    first = assess(FACTS, batch_job(), [failed(0)], None, NOW)
     again = assess(FACTS, batch_job(), [failed(0)], first, NOW + timedelta(seconds=3))
     assert again.status["restarts"] == 1
     assert again.action is Action.RESTART_GANG
 
 
 def test_restart_then_recreate_then_fail_after_max_restarts():
-    status = None
+    before = None
     for attempt in range(FACTS.max_restarts):
         uid = f"uid-{attempt}"
-        result = assess(FACTS, batch_job(uid=uid), [failed(0, uid=uid)], status, NOW)
+        result = assess(FACTS, batch_job(uid=uid), [failed(0, uid=uid)], before, NOW)
         assert result.phase == "Restarting" and result.action is Action.RESTART_GANG
-        status = result.status
-        deleting = assess(FACTS, batch_job(uid=uid, deleting=True), [], status, NOW)
+        deleting = assess(FACTS, batch_job(uid=uid, deleting=True), [], result, NOW)
         assert deleting.phase == "Restarting" and deleting.action is Action.NONE
-        gone = assess(FACTS, None, [], deleting.status, NOW)
+        gone = assess(FACTS, None, [], deleting, NOW)
         assert gone.phase == "Restarting" and gone.action is Action.CREATE_JOB
-        status = gone.status
-    assert status["restarts"] == FACTS.max_restarts
-    final = assess(FACTS, batch_job(uid="last"), [failed(1, uid="last", message="boom")], status, NOW)
+        before = gone
+    assert before is not None and before.status["restarts"] == FACTS.max_restarts
+    final = assess(FACTS, batch_job(uid="last"), [failed(1, uid="last", message="boom")], before, NOW)
     assert final.phase == "Failed"
     assert final.action is Action.NONE
     failed_condition = cond(final.status, "Failed")
@@ -323,12 +342,12 @@ def test_job_deadline_exceeded():
 
 def test_deadline_counts_across_restarts():
     facts = RunFacts(nodes=1, active_deadline_seconds=600)
-    assert remaining_deadline(facts, {}, NOW) == 600
-    started = {"startTime": format_time(NOW - timedelta(seconds=100))}
+    assert remaining_deadline(facts, Record(), NOW) == 600
+    started = Record(start_time=format_time(NOW - timedelta(seconds=100)))
     assert remaining_deadline(facts, started, NOW) == 500
-    expired = {"startTime": format_time(NOW - timedelta(seconds=700)), "phase": "Restarting"}
+    expired = Record(restarts=1, start_time=format_time(NOW - timedelta(seconds=700)))
     assert remaining_deadline(facts, expired, NOW) == 0
-    result = assess(facts, None, [], expired, NOW)
+    result = derive(facts, None, [], expired, {"phase": "Restarting"}, NOW)
     assert result.phase == "Failed"
     assert result.action is Action.NONE
     assert cond(result.status, "Failed")["reason"] == "DeadlineExceeded"
@@ -364,7 +383,7 @@ def test_kueue_queued_and_never_resumed_by_the_operator():
     assert queued.phase == "Queued"
     assert queued.action is Action.NONE
     assert cond(queued.status, "Queued")["status"] == "True"
-    admitted = assess(facts, batch_job(suspend=False), [pod(0), pod(1)], queued.status, NOW)
+    admitted = assess(facts, batch_job(suspend=False), [pod(0), pod(1)], queued, NOW)
     assert admitted.phase == "Running"
     assert admitted.action is Action.NONE
     assert cond(admitted.status, "Queued")["status"] == "False"
@@ -495,38 +514,38 @@ def test_stall_detection():
     first = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)
     assert cond(first.status, "Stalled")["status"] == "False"
     progress = {"step": 7, "lastUpdateTime": format_time(NOW)}
-    fresh = assess(facts, batch_job(), [pod(0), pod(1)], first.status, NOW + timedelta(seconds=30), progress)
+    fresh = assess(facts, batch_job(), [pod(0), pod(1)], first, NOW + timedelta(seconds=30), progress)
     assert cond(fresh.status, "Stalled")["status"] == "False"
-    stale = assess(facts, batch_job(), [pod(0), pod(1)], fresh.status, NOW + timedelta(seconds=61), progress)
+    stale = assess(facts, batch_job(), [pod(0), pod(1)], fresh, NOW + timedelta(seconds=61), progress)
     stalled = cond(stale.status, "Stalled")
     assert stalled["status"] == "True" and stalled["reason"] == "Stalled"
     assert "step 7" in stalled["message"]
     assert stale.phase == "Running"
     moving = dict(progress, step=8, lastUpdateTime=format_time(NOW + timedelta(seconds=62)))
-    recovered = assess(facts, batch_job(), [pod(0), pod(1)], stale.status, NOW + timedelta(seconds=63), moving)
+    recovered = assess(facts, batch_job(), [pod(0), pod(1)], stale, NOW + timedelta(seconds=63), moving)
     assert cond(recovered.status, "Stalled")["status"] == "False"
 
 
 def test_no_progress_ever_counts_from_running_start():
     facts = RunFacts(nodes=1, stall_timeout_seconds=60)
     first = assess(facts, batch_job(), [pod(0)], None, NOW)
-    later = assess(facts, batch_job(), [pod(0)], first.status, NOW + timedelta(seconds=90))
+    later = assess(facts, batch_job(), [pod(0)], first, NOW + timedelta(seconds=90))
     assert cond(later.status, "Stalled")["status"] == "True"
 
 
 def test_progress_is_never_written():
     previous = {"phase": "Running", "progress": {"step": 3}}
-    result = assess(FACTS, batch_job(), [pod(0), pod(1)], previous, NOW, previous["progress"])
+    result = derive(FACTS, batch_job(), [pod(0), pod(1)], Record(), previous, NOW, previous["progress"])
     assert "progress" not in result.status
 
 
 def test_invalid_spec_status_names_fields_and_revives_when_fixed():
-    status = invalid_spec_status(None, [("spec.vllm.tensorParallelSize", "must divide gpusPerNode")], NOW, 1)
+    status = invalid_spec_status(Record(), None, [("spec.vllm.tensorParallelSize", "must divide gpusPerNode")], NOW, 1)
     assert status["phase"] == "Failed"
     assert cond(status, "SpecValid")["reason"] == "InvalidSpec"
     assert "spec.vllm.tensorParallelSize" in cond(status, "SpecValid")["message"]
     assert status["workers"] == {"active": 0, "ready": 0, "succeeded": 0, "failed": 0, "gpus": 0}  # GPUs column: 0
-    fixed = assess(RunFacts(nodes=1, generation=2), None, [], status, NOW)
+    fixed = derive(RunFacts(nodes=1, generation=2), None, [], Record(), status, NOW)
     assert fixed.phase == "Pending"
     assert fixed.action is Action.CREATE_JOB
     assert cond(fixed.status, "SpecValid")["status"] == "True"
@@ -543,9 +562,10 @@ def test_transition_time_moves_only_on_flip():
 
 
 def test_reassessing_an_unchanged_world_changes_nothing():
-    first = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW).status
-    second = assess(FACTS, batch_job(), [pod(0), pod(1)], first, NOW + timedelta(seconds=30)).status
-    assert first == second
+    first = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW)
+    second = assess(FACTS, batch_job(), [pod(0), pod(1)], first, NOW + timedelta(seconds=30))
+    assert first.status == second.status
+    assert first.record == second.record
 
 
 def test_reason_from_text_helper():
@@ -587,22 +607,32 @@ k8s_like = st.dictionaries(
     max_size=3,
 )
 
+RECORD_KEYS = ["restarts", "disruptions", "startTime", "completionTime", "lastFailure", "outcome"]
+
 
 @settings(max_examples=600, deadline=None)
-@example(job=None, pods=[], previous={"phase": []}, progress=None, nodes=1, restarts=0)  # found by CI: unhashable phase
+@example(job=None, pods=[], previous={"phase": []}, record=None, progress=None, nodes=1, restarts=0)  # unhashable
+@example(job=None, pods=[], previous={"conditions": True}, record=None, progress=None, nodes=1, restarts=0)
 @given(
     job=st.none() | k8s_like,
     pods=st.lists(k8s_like, max_size=4),
     previous=st.none() | json_values,
+    record=json_values | st.dictionaries(st.sampled_from(RECORD_KEYS), json_values, max_size=4),
     progress=st.none() | json_values,
     nodes=st.integers(1, 4),
     restarts=st.integers(0, 3),
 )
-def test_garbage_never_crashes(job, pods, previous, progress, nodes, restarts):
+def test_garbage_never_crashes(job, pods, previous, record, progress, nodes, restarts):
     previous = previous if isinstance(previous, dict) else None
     progress = progress if isinstance(progress, dict) else None
-    result = assess(
-        RunFacts(nodes=nodes, max_restarts=restarts, stall_timeout_seconds=5), job, pods, previous, NOW, progress
+    result = derive(
+        RunFacts(nodes=nodes, max_restarts=restarts, stall_timeout_seconds=5),
+        job,
+        pods,
+        Record.decode(json.dumps(record)),
+        previous,
+        NOW,
+        progress,
     )
     assert result.status["phase"] in {phase.value for phase in Phase}  # the CRD's enum (tests/api/test_crd.py)
     assert "progress" not in result.status
@@ -657,14 +687,105 @@ def test_workers_completing_before_the_job_says_complete_are_still_running():
     assert all_done.phase == "Running"
 
 
-def test_terminal_phase_check_takes_any_value():
-    # Housekeeping reads status.phase straight from the cluster's objects.
+def test_ttl_follows_the_record_and_the_batch_job_never_the_status():
     from colocgrpo_operator.controller.housekeeping import ttl_deadline
 
-    for phase in ([], {}, None, 3, "Succeeded"):
+    done = Record(completion_time="2026-01-02T03:04:05Z", outcome=SUCCEEDED_OUTCOME)
+    for phase in ([], {}, None, 3, "Succeeded", "Failed"):
         cr = {
-            "status": {"phase": phase, "completionTime": "2026-01-02T03:04:05Z"},
+            "metadata": {"uid": "cr-uid"},
+            "status": {"phase": phase, "completionTime": "2020-01-01T00:00:00Z"},
             "spec": {"runPolicy": {"ttlSecondsAfterFinished": 60}},
         }
-        deadline = ttl_deadline(cr)
-        assert (deadline is not None) == (phase == "Succeeded")
+        # A status that says finished (forged, or stale) starts no TTL without the operator's record.
+        assert ttl_deadline(cr, None, None) is None
+        assert ttl_deadline(cr, Record(restarts=1), None) is None
+        # The record's completion time counts, not the status'.
+        assert ttl_deadline(cr, done, None) == datetime(2026, 1, 2, 3, 5, 5, tzinfo=UTC)
+        # Not while the job's batch Job is still running, whatever the record says.
+        running = batch_job(uid="job-uid")
+        running["metadata"]["ownerReferences"] = [{"uid": "cr-uid"}]
+        assert ttl_deadline(cr, done, running) is None
+        finished = batch_job(uid="job-uid", conditions=[{"type": "Complete", "status": "True"}])
+        finished["metadata"]["ownerReferences"] = [{"uid": "cr-uid"}]
+        assert ttl_deadline(cr, done, finished) is not None
+
+
+SUCCEEDED_OUTCOME = Outcome("Succeeded", "Completed", "training completed", "Completed", "all workers completed")
+
+
+# --- the status is written by others too: nothing in it is read back as the truth -------------
+
+
+def test_a_forged_terminal_phase_is_not_kept_while_the_gang_runs():
+    running = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW)
+    for forged_phase in ("Succeeded", "Failed"):
+        forged = dict(running.status, phase=forged_phase, completionTime=format_time(NOW - timedelta(days=1)))
+        again = derive(FACTS, batch_job(), [pod(0), pod(1)], running.record, forged, NOW)
+        assert again.phase == "Running"
+        assert "completionTime" not in again.status
+        assert again.record.outcome is None
+        # ... and a later failure of the gang restarts it, recorded as usual.
+        failure = derive(FACTS, batch_job(), [failed(0), pod(1)], again.record, forged, NOW)
+        assert failure.action is Action.RESTART_GANG
+        assert failure.status["lastFailure"]["jobUid"] == JOB_UID
+
+
+def test_forged_counters_and_times_do_not_get_around_max_restarts_or_the_deadline():
+    facts = RunFacts(nodes=2, max_restarts=1, active_deadline_seconds=600, generation=1)
+    first = assess(facts, batch_job(uid="a"), [failed(0, uid="a")], None, NOW)
+    assert first.record.restarts == 1
+    forged = dict(first.status, restarts=0, startTime=format_time(NOW + timedelta(days=1)), lastFailure=None)
+    gone = derive(facts, None, [], first.record, forged, NOW + timedelta(seconds=700))
+    assert gone.phase == "Failed"  # the deadline counts from the recorded start (the Job's own startTime)
+    assert cond(gone.status, "Failed")["reason"] == "DeadlineExceeded"
+    second = derive(facts, batch_job(uid="b"), [failed(0, uid="b")], first.record, forged, NOW)
+    assert second.phase == "Failed"
+    assert cond(second.status, "Failed")["reason"] == "MaxRestartsExceeded"
+
+
+def test_a_recorded_outcome_stands_without_children_and_shows_the_record():
+    done = assess(FACTS, batch_job(conditions=[{"type": "Complete", "status": "True"}]), [], None, NOW)
+    assert done.record.outcome is not None and done.record.outcome.phase == "Succeeded"
+    forged = dict(done.status, phase="Running", restarts=7)
+    later = derive(FACTS, None, [], done.record, forged, NOW + timedelta(hours=1))
+    assert later.phase == "Succeeded"
+    assert later.action is Action.NONE
+    assert later.status["restarts"] == 0
+    assert later.status["completionTime"] == done.status["completionTime"]
+    assert cond(later.status, "Succeeded")["status"] == "True"
+
+
+def test_a_transition_time_in_the_future_is_not_kept():
+    facts = RunFacts(nodes=2, stall_timeout_seconds=60)
+    first = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)
+    future = format_time(NOW + timedelta(days=365))
+    forged = dict(
+        first.status,
+        conditions=[
+            dict(c, lastTransitionTime=future) if c["type"] == "Running" else c for c in first.status["conditions"]
+        ],
+    )
+    repaired = derive(facts, batch_job(), [pod(0), pod(1)], first.record, forged, NOW + timedelta(seconds=30))
+    assert cond(repaired.status, "Running")["lastTransitionTime"] == format_time(NOW + timedelta(seconds=30))
+    later = derive(facts, batch_job(), [pod(0), pod(1)], first.record, repaired.status, NOW + timedelta(seconds=100))
+    assert cond(later.status, "Stalled")["status"] == "True"
+
+
+def test_record_round_trips_and_survives_garbage():
+    done = assess(FACTS, batch_job(conditions=[{"type": "Complete", "status": "True"}]), [], None, NOW).record
+    assert Record.decode(done.encode()) == done
+    assert Record.decode("not json") == Record()
+    assert Record.decode('{"restarts": -3, "startTime": 5, "outcome": {"phase": "Running"}}') == Record()
+
+
+def test_an_earlier_operators_status_becomes_the_record_once():
+    failed_status = assess(
+        FACTS, batch_job(uid="x"), [failed(0, uid="x", message='{"reason": "DataError"}')], None, NOW
+    )
+    migrated = Record.from_status(failed_status.status)
+    assert migrated == failed_status.record
+    running = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW)
+    assert Record.from_status(running.status) == running.record
+    invalid = invalid_spec_status(Record(), None, [("spec.model", "missing")], NOW, 1)
+    assert Record.from_status(invalid).outcome is None  # an invalid spec is not an outcome: fixing it revives the job

@@ -228,28 +228,21 @@ def test_logs_picks_the_newest_live_pod_of_the_rank():
     assert pick_pod(pods, 2) is None
 
 
-def test_ttl_deadline_derives_from_completion_time():
+def test_ttl_deadline_derives_from_the_recorded_completion_time():
     from datetime import datetime
 
     from colocgrpo_operator.controller.housekeeping import ttl_deadline
+    from colocgrpo_operator.controller.record import Outcome, Record
 
-    cr = {
-        "spec": {"runPolicy": {"ttlSecondsAfterFinished": 30}},
-        "status": {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"},
-    }
-    assert ttl_deadline(cr) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
-    assert ttl_deadline(dict(cr, status={"phase": "Running", "completionTime": "2026-01-01T00:00:00Z"})) is None
-    assert ttl_deadline(dict(cr, spec={})) is None
-    assert ttl_deadline(dict(cr, status={"phase": "Failed"})) is None
-    assert (
-        ttl_deadline(
-            {
-                "spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}},
-                "status": {"phase": "Failed", "completionTime": "2026-01-01T00:00:00Z"},
-            }
-        )
-        is not None
-    )
+    cr = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 30}}, "status": {"phase": "Running"}}
+    outcome = Outcome("Failed", "DataError", "bad data", "DataError", "bad data")
+    done = Record(completion_time="2026-01-01T00:00:00Z", outcome=outcome)
+    assert ttl_deadline(cr, done, None) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+    assert ttl_deadline(cr, Record(completion_time="2026-01-01T00:00:00Z"), None) is None  # not finished
+    assert ttl_deadline(dict(cr, spec={}), done, None) is None
+    assert ttl_deadline(cr, Record(outcome=outcome), None) is None  # no completion time
+    zero = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}}}
+    assert ttl_deadline(zero, done, None) is not None
 
 
 def test_planner_reads_the_gpu_memory_annotation_the_operator_keeps():

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from colocgrpo_operator.devcluster.commands import OPERATOR_COMMAND
+
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
 NAMESPACE_PATTERN = "opt-*"
@@ -41,12 +43,19 @@ class OperatorProcess:
         log_path: Path,
         recheck_seconds: float = 2,
         extra_args: tuple[str, ...] = (),
+        runner: tuple[str, ...] = OPERATOR_COMMAND,
+        env: dict[str, str] | None = None,
     ):
+        """`runner`: the module run with `python -m` and its leading arguments (a test may wrap
+        the operator, support/namespace_window.py, importable as tests/ is on its path); `env`:
+        extra environment of the process."""
         self.kubeconfig = kubeconfig
         self.extra_args = extra_args
         self.namespaces = namespaces
         self.log_path = log_path
         self.recheck_seconds = recheck_seconds
+        self.runner = runner
+        self.env = env or {}
         self.process: subprocess.Popen | None = None
         self.liveness_port = 0
         self.metrics_port = 0
@@ -63,7 +72,16 @@ class OperatorProcess:
         ]
         flags += [f"--namespace={namespace}" for namespace in self.namespaces]
         flags += list(self.extra_args)
-        self.process = start_operator(REPO, self.kubeconfig, flags, self.log_path, append=True)
+        self.process = start_operator(
+            REPO,
+            self.kubeconfig,
+            flags,
+            self.log_path,
+            append=True,
+            runner=self.runner,
+            extra_paths=(REPO / "tests",),
+            extra_env=self.env,
+        )
         deadline = time.monotonic() + timeout
         while not self.healthy():
             if self.process.poll() is not None:
@@ -117,11 +135,11 @@ class OperatorProcess:
 class Cluster:
     """Raw-dict access to the objects the tests look at (the operator's own client class)."""
 
-    def __init__(self, handle: Any):
+    def __init__(self, handle: Any, kubeconfig: Path | None = None):
         from colocgrpo_operator.controller.kube import KubeApi
 
         self.handle = handle
-        self.api = KubeApi.from_kubeconfig(handle.kubeconfig, field_manager="colocgrpo-tests")
+        self.api = KubeApi.from_kubeconfig(str(kubeconfig or handle.kubeconfig), field_manager="colocgrpo-tests")
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(body)
@@ -138,11 +156,14 @@ class Cluster:
                 return None
             raise
 
-    def patch_job(self, namespace: str, name: str, patch: dict[str, Any], subresource: str = "") -> dict[str, Any]:
+    def patch_job(
+        self, namespace: str, name: str, patch: dict[str, Any], subresource: str = "", dry_run: bool = False
+    ) -> dict[str, Any]:
         path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}"
         if subresource:
             path += f"/{subresource}"
-        return self.api.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        query = {"dryRun": "All"} if dry_run else None
+        return self.api.request("PATCH", path, body=patch, query=query, content_type="application/merge-patch+json")
 
     def delete_job(self, namespace: str, name: str) -> None:
         self.api.request("DELETE", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}")
@@ -169,6 +190,18 @@ class Cluster:
 
     def events(self, namespace: str) -> list[dict[str, Any]]:
         return self.list("/api/v1", "events", namespace)
+
+    def as_service_account(self, namespace: str, account: str, folder: Path) -> Cluster:
+        """The same access, with the token a pod running as that ServiceAccount would hold: one
+        issued by the TokenRequest API (`kubectl create token`), in a kubeconfig of its own."""
+        token = self.handle.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+        config = yaml.safe_load(Path(self.handle.kubeconfig).read_text())
+        config["users"] = [{"name": account, "user": {"token": token}}]
+        config["contexts"] = [{"name": account, "context": {"cluster": config["clusters"][0]["name"], "user": account}}]
+        config["current-context"] = account
+        path = folder / f"{namespace}-{account}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return Cluster(self.handle, kubeconfig=path)
 
 
 def wait_for(
@@ -207,3 +240,47 @@ def tiny_job(name: str, **spec_overrides: Any) -> dict[str, Any]:
         else:
             body["spec"][section] = value
     return body
+
+
+def phase(cluster: Cluster, namespace: str, name: str) -> Any:
+    return ((cluster.get_job(namespace, name) or {}).get("status") or {}).get("phase")
+
+
+def wait_phase(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    wanted: str | set[str],
+    timeout: float = 30,
+    operator: OperatorProcess | None = None,
+) -> dict[str, Any]:
+    """The job once its status.phase is (one of) `wanted`."""
+    phases = {wanted} if isinstance(wanted, str) else set(wanted)
+    return wait_for(
+        lambda: (obj := cluster.get_job(namespace, name)) and (obj.get("status") or {}).get("phase") in phases and obj,
+        timeout,
+        f"{namespace}/{name} phase in {sorted(phases)}",
+        on_timeout=lambda: (
+            f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
+            + (operator.log_tail() if operator else "")
+        ),
+    )
+
+
+def running_pod(
+    cluster: Cluster, namespace: str, job: str, index: int = 0, exclude_uid: str | None = None, timeout: float = 30
+) -> dict[str, Any]:
+    """A Running, not deleting pod of the job's gang with that completion index (not `exclude_uid`)."""
+
+    def find() -> dict[str, Any] | None:
+        for pod in cluster.pods(namespace, job):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get("batch.kubernetes.io/job-completion-index") != str(index):
+                continue
+            if pod["metadata"]["uid"] == exclude_uid or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if (pod.get("status") or {}).get("phase") == "Running":
+                return pod
+        return None
+
+    return wait_for(find, timeout, f"a running pod of {job} index {index}")

@@ -156,12 +156,17 @@ async def job_event(type: str | None, namespace: str, name: str, body: kopf.Body
     """Start the housekeeping loop with the first job seen (`OperatorRuntime.start_housekeeping`
     says why not at startup); forget deleted jobs (caches, phase gauge, per-job metrics); keep the
     per-job metrics at what every other event's status says (the trainer's progress reports reach
-    the operator only as such events). Everything else is handled above."""
+    the operator only as such events); derive the status again at once when someone else changed
+    it (the trainer's token may patch the status subresource: the operator repairs anything but
+    progress, and with the chart's admission policy such a write is refused in the first place).
+    Everything else is handled above."""
     runtime = runtime_of(memo)
     runtime.start_housekeeping()
     key = (namespace, name)
     if type == "DELETED":
         runtime.reconciler.forget(key)
         JOB_METRICS.forget(key)
-    else:
-        JOB_METRICS.observe(key, body.get("status"))
+        return
+    JOB_METRICS.observe(key, body.get("status"))
+    if type == "MODIFIED" and runtime.reconciler.status_drifted(key, body):
+        runtime.reconciler.reconcile_soon(key, runtime.indices.reader(key), trigger="status")

@@ -7,8 +7,11 @@ One loop for all jobs rather than kopf timers per job, on purpose:
   forever. This operator adds no finalizer at all: children go by garbage collection.
 - one task instead of one per job keeps 500 jobs cheap (memory, wake-ups).
 
-Both duties derive everything from the indices (status.completionTime for the TTL), so a
-restarted operator fires on the original deadlines. The loop sleeps until the next TTL deadline
+Both duties derive everything from the indices and the operator's record of each job (record.py:
+whether it finished, and when), never from its status, which the trainer may write; so a
+restarted operator fires on the original deadlines, and a forged phase or completionTime neither
+stops a job's re-checks nor deletes it early. The TTL also waits for the batch Job to have
+finished for real. The loop sleeps until the next TTL deadline
 or the next re-check, whichever is sooner, and is woken early when a job finishes.
 """
 
@@ -22,24 +25,29 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from colocgrpo_operator.controller.objects import parse_time
-from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
+from colocgrpo_operator.controller.objects import job_condition, parse_time
+from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler, owned_by
+from colocgrpo_operator.controller.record import Record
 from colocgrpo_operator.controller.snapshots import first_view
-from colocgrpo_operator.controller.status import TERMINAL_PHASES
 
 
-def ttl_deadline(cr: dict[str, Any] | None) -> datetime | None:
-    """completionTime + runPolicy.ttlSecondsAfterFinished of a finished job, else None."""
-    if not cr:
-        return None
-    status = cr.get("status") or {}
-    if status.get("phase") not in TERMINAL_PHASES:
+def ttl_deadline(cr: dict[str, Any] | None, record: Record | None, batch_job: dict[str, Any] | None) -> datetime | None:
+    """The record's completionTime + runPolicy.ttlSecondsAfterFinished of a job the operator
+    recorded as finished, once its batch Job (if it still has one) has finished too; else None."""
+    if not cr or record is None or record.outcome is None:
         return None
     ttl = ((cr.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
-    finished = parse_time(status.get("completionTime"))
+    finished = parse_time(record.completion_time)
     if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0 or finished is None:
         return None
+    uid = (cr.get("metadata") or {}).get("uid")
+    if batch_job is not None and owned_by(batch_job, uid) and not _job_finished(batch_job):
+        return None  # its pods may still be running: deleting the job would take them down
     return finished + timedelta(seconds=ttl)
+
+
+def _job_finished(batch_job: dict[str, Any]) -> bool:
+    return bool(job_condition(batch_job, "Complete") or job_condition(batch_job, "Failed"))
 
 
 class Housekeeper:
@@ -89,7 +97,8 @@ class Housekeeper:
     async def _recheck_active(self) -> None:
         for key in list(self.jobs.keys()):
             cr = first_view(self.jobs, key)
-            if cr is None or (cr.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            record = self.reconciler.record(key, cr)
+            if cr is None or (record is not None and record.finished):
                 continue
             try:
                 await self.reconciler.reconcile(key, functools.partial(self.read_inputs, key), trigger="recheck")
@@ -104,8 +113,12 @@ class Housekeeper:
         soonest: float | None = None
         for key in list(self.jobs.keys()):
             cr = first_view(self.jobs, key)
-            deadline = ttl_deadline(cr)
-            if cr is None or deadline is None:
+            record = self.reconciler.record(key, cr)
+            if cr is None or record is None or not record.finished:
+                continue
+            _, batch_job, _, _ = self.read_inputs(key)  # only for finished jobs: their gang's Job
+            deadline = ttl_deadline(cr, record, batch_job)
+            if deadline is None:
                 continue
             uid = (cr.get("metadata") or {}).get("uid") or ""
             if deadline > now:

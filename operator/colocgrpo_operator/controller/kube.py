@@ -311,6 +311,25 @@ class KubeApi:
                 raise ObjectGone(KIND, namespace, name, uid) from error
             raise
 
+    def patch_annotations(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]
+    ) -> dict[str, Any] | None:
+        """Merge-patch metadata.annotations of the job incarnation `uid` (keys not named are left
+        alone). On the main resource a merge patch's metadata.uid is checked: uid is immutable, so
+        a replaced object answers 422. Raises ObjectGone when the object was deleted or
+        replaced by another of the same name, KubeApiError otherwise."""
+        try:
+            return self.request(
+                "PATCH",
+                object_path(KIND, namespace, name),
+                body={"metadata": {"uid": uid, "annotations": dict(annotations)}},
+                content_type="application/merge-patch+json",
+            )
+        except KubeApiError as error:
+            if error.status == 404 or (error.status == 422 and self._replaced(namespace, name, uid)):
+                raise ObjectGone(KIND, namespace, name, uid) from error
+            raise
+
     def _replaced(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the job `name` is gone or is another incarnation than `uid` now."""
         try:

@@ -6,9 +6,11 @@ never race each other into two decisions. Decisions are level-based (derived fro
 exists now), which is what makes an operator killed at any point safe to restart:
 
 - children have deterministic names, so re-creating one is a 409 (no duplicate Job);
-- a gang restart is recorded in status (restarts, lastFailure.jobUid) *before* the failed
-  Job is deleted, and a failure of a Job uid already recorded is never counted twice;
-- the CR's status is the only memory, apart from caches that can be rebuilt.
+- a gang restart is recorded (restarts, lastFailure.jobUid) *before* the failed Job is
+  deleted, and a failure of a Job uid already recorded is never counted twice;
+- the operator's record on the job's metadata (record.py) is the only memory, apart from
+  caches that can be rebuilt. The status shows it, but is never read back as the truth: the
+  trainer may write the status subresource.
 """
 
 from __future__ import annotations
@@ -16,21 +18,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from colocgrpo_operator.api import KIND, JobSpecError, parse_job
+from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import set_condition
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError, ObjectGone, terminating_namespace
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
+from colocgrpo_operator.controller.record import Record, record_of
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, unpack
 
 Key = tuple[str, str]  # (namespace, name)
@@ -152,6 +157,38 @@ def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str,
     return patch
 
 
+def status_without_progress(cr: Mapping[str, Any] | None) -> dict[str, Any]:
+    status = (cr or {}).get("status")
+    return {k: v for k, v in status.items() if k != "progress"} if isinstance(status, Mapping) else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Known:
+    """What the operator last wrote for one incarnation (`uid`) of a job: its last two statuses
+    (packed, newest last) and its record (encoded; None while the job has none). The watch, and
+    so the index, may lag behind these writes; no resourceVersion is compared (the API calls
+    them opaque), the contents are: the index has caught up once it shows the newest status and
+    the record; showing an older status of ours, it lags; showing any other status, someone else
+    wrote it (the trainer's token may patch the status), and the index is what is there."""
+
+    uid: str
+    statuses: tuple[str, ...]
+    record: str | None
+    phase: str | None  # the phase last written (and announced by an Event)
+
+
+@dataclasses.dataclass
+class _Current:
+    """What one reconcile takes to be in place, updated by its own writes: the job's status
+    (without progress) and its record (None when it has none yet)."""
+
+    status: dict[str, Any]
+    record: Record | None
+
+    def record_or_empty(self) -> Record:
+        return self.record if self.record is not None else Record()
+
+
 class PredecessorPending(Exception):
     """A child of this job's name still belongs to a deleted predecessor (same name, other uid)
     that the garbage collector has not removed yet: applying ours must wait for it."""
@@ -194,12 +231,9 @@ class Reconciler:
         self._background: set[asyncio.Task] = set()  # reconcile_soon's tasks
         self._wakeup = asyncio.Event()
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
-        # Our own last status write per job, with the uid of the incarnation it was for: the watch
-        # (and so the index) may lag behind it, and deciding from an older status could count a
-        # failure twice. The index has caught up once it shows that very status (only the
-        # operator writes status, progress aside), so no resourceVersion is compared: the API
-        # calls them opaque. Packed like the indices' views (snapshots.py): one per job.
-        self._written: dict[Key, tuple[str, str]] = {}
+        # The operator's own last writes per job (_Known says how they are used): deciding from
+        # an index that lags behind them could count a failure twice.
+        self._known: dict[Key, _Known] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -235,10 +269,29 @@ class Reconciler:
         on any other refusal."""
         return await self._blocking(self.kube.delete, KIND, key[0], key[1], uid=uid)
 
+    def record(self, key: Key, cr: Mapping[str, Any] | None) -> Record | None:
+        """The operator's record of the job: its own last write while the index has not caught up
+        with it, else the one on `cr` (None when the job has none)."""
+        known = self._known.get(key)
+        uid = ((cr or {}).get("metadata") or {}).get("uid")
+        if known is not None and known.uid == uid and known.record is not None:
+            return Record.decode(known.record)
+        return record_of(dict(cr) if cr is not None else None)
+
+    def status_drifted(self, key: Key, cr: Mapping[str, Any] | None) -> bool:
+        """Whether `cr` carries a status, progress aside, that is none of the operator's own last
+        writes: someone else wrote it, so it is derived again (and rewritten) at once."""
+        known = self._known.get(key)
+        uid = ((cr or {}).get("metadata") or {}).get("uid")
+        if known is None or cr is None or known.uid != uid or not known.statuses:
+            return False
+        status = status_without_progress(cr)
+        return all(unpack(packed) != status for packed in known.statuses)
+
     def forget(self, key: Key) -> None:
         """The job is gone: drop its caches and its phase from the gauge."""
         self._locks.pop(key, None)
-        self._written.pop(key, None)
+        self._known.pop(key, None)
         self.phases.set(key, None)
 
     # -- the reconcile ----------------------------------------------------------------------------
@@ -365,29 +418,42 @@ class Reconciler:
         if meta.get("deletionTimestamp"):
             return  # garbage collection removes the children; nothing to decide
         now = _now()
-        indexed_status = dict(cr.get("status") or {})
-        progress = indexed_status.get("progress")
-        previous = {k: v for k, v in indexed_status.items() if k != "progress"}
-        written = self._written.get(key)
-        if written is not None:
-            if written[0] != meta.get("uid"):
-                self._written.pop(key, None)  # a previous incarnation's: never carried over
-            elif unpack(written[1]) == previous:
-                self._written.pop(key, None)  # the index caught up
-            else:
-                previous = unpack(written[1])
+        progress = (cr.get("status") or {}).get("progress")
+        current = self._current(key, cr)
 
         parsed = self.parsed(cr)
         if not parsed.valid:
-            desired = derive.invalid_spec_status(previous, parsed.problems, now, meta.get("generation"))
-            await self._write_status(key, cr, previous, desired)
+            desired = derive.invalid_spec_status(
+                current.record_or_empty(), current.status, parsed.problems, now, meta.get("generation")
+            )
+            await self._write_status(key, cr, current, desired)
             return
         try:
             await self._reconcile_valid(
-                key, cr, job, pods, workloads, parsed, previous, progress, now, ensure_children=ensure_children
+                key, cr, job, pods, workloads, parsed, current, progress, now, ensure_children=ensure_children
             )
         finally:
             parsed.release()  # see ParsedSpec
+
+    def _current(self, key: Key, cr: dict[str, Any]) -> _Current:
+        """The job's status and record as this reconcile starts from them (_Known says why the
+        operator's own last writes may stand in for what the index shows)."""
+        meta = cr.get("metadata") or {}
+        indexed = status_without_progress(cr)
+        record = record_of(cr)
+        known = self._known.get(key)
+        if known is None:
+            return _Current(indexed, record)
+        if known.uid != meta.get("uid"):
+            self._known.pop(key, None)  # a previous incarnation's: never carried over
+            return _Current(indexed, record)
+        if known.statuses:
+            newest = unpack(known.statuses[-1])
+            if indexed != newest and any(unpack(packed) == indexed for packed in known.statuses[:-1]):
+                indexed = newest  # the index still shows an older write of ours
+        if known.record is not None and (record is None or record.encode() != known.record):
+            record = Record.decode(known.record)  # the index has not caught up with the record
+        return _Current(indexed, record)
 
     async def _reconcile_valid(
         self,
@@ -397,25 +463,33 @@ class Reconciler:
         pods: list[dict[str, Any]],
         workloads: list[dict[str, Any]],
         parsed: ParsedSpec,
-        previous: dict[str, Any],
+        current: _Current,
         progress: Any,
         now: datetime,
         *,
         ensure_children: bool,
     ) -> None:
         meta = cr.get("metadata") or {}
+        previous = current.status
+        if current.record is None:
+            # Every job gets its record before its first batch Job, so no trainer runs without
+            # one (record.py); a job an earlier operator started has its record in the status.
+            migrated = Record.from_status(previous) if previous.get("phase") else Record()
+            await self._write_record(key, cr, current, migrated)
 
         # A Job of the same name that this job does not own (a predecessor with the same name
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
-        if job is not None and not _owned_by(job, meta.get("uid")):
+        if job is not None and not owned_by(job, meta.get("uid")):
             job = None
         # Only pods of this incarnation's Job are its evidence: a predecessor's pod failing in
         # flight must not count as this job's failure.
         job_uid = (job.get("metadata") or {}).get("uid") if job is not None else None
-        pods = [p for p in pods if job_uid is not None and _owned_by(p, job_uid)]
+        pods = [p for p in pods if job_uid is not None and owned_by(p, job_uid)]
 
         def decide(batch_job: dict[str, Any] | None) -> tuple[derive.Assessment, dict[str, Any]]:
-            assessment = derive.assess(parsed.facts, batch_job, pods, previous, now, progress, workloads)
+            assessment = derive.assess(
+                parsed.facts, batch_job, pods, current.record_or_empty(), previous, now, progress, workloads
+            )
             desired = assessment.status
             if parsed.plan_warning is not None:
                 warn, reason, message = parsed.plan_warning
@@ -446,7 +520,7 @@ class Reconciler:
             ):
                 await self._blocking(self._apply_children, cr, parsed, not previous)
             if action is derive.Action.CREATE_JOB:
-                created = await self._blocking(self._create_job, cr, parsed, desired, now)
+                created = await self._blocking(self._create_job, cr, parsed, assessment.record, now)
                 if created is not None:
                     self.logger.info("created the gang's batch Job %s/%s", *key)
                     # Judge from the Job just created, not from "no Job yet": saves writing a
@@ -459,14 +533,19 @@ class Reconciler:
             # or env entry in a free-form field): the spec is the problem and retrying cannot
             # help, so say so the way an invalid spec is reported.
             problems = [("spec", f"the API server refused a child object: {error.message}")]
-            desired = derive.invalid_spec_status(previous, problems, now, meta.get("generation"))
-            await self._write_status(key, cr, previous, desired)
+            desired = derive.invalid_spec_status(
+                current.record_or_empty(), previous, problems, now, meta.get("generation")
+            )
+            await self._write_status(key, cr, current, desired)
             return
+        # Record before acting: a restart is counted before the failed Job is deleted.
+        await self._write_record(key, cr, current, assessment.record)
+        await self._write_status(key, cr, current, desired)
+        if assessment.record.finished:
+            # Its TTL may wait for the batch Job to finish: a change of that Job is a reason to look.
+            self.wake_up()
         if action is derive.Action.CREATE_JOB:
-            await self._write_status(key, cr, previous, desired)
             return
-        # Record before acting: a restart is counted in status before the failed Job is deleted.
-        await self._write_status(key, cr, previous, desired)
         if action is derive.Action.RESTART_GANG and job is not None:
             uid = (job.get("metadata") or {}).get("uid")
             deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid)
@@ -480,20 +559,46 @@ class Reconciler:
         elif action in (derive.Action.SUSPEND_JOB, derive.Action.RESUME_JOB):
             await self._blocking(self.kube.patch_job_suspend, key[0], key[1], action is derive.Action.SUSPEND_JOB)
 
-    async def _write_status(
-        self, key: Key, cr: dict[str, Any], previous: dict[str, Any], desired: dict[str, Any]
-    ) -> None:
+    async def _write_record(self, key: Key, cr: dict[str, Any], current: _Current, record: Record) -> None:
+        """Patch the job's record annotation when it changed (a metadata patch of this very
+        incarnation: the trainer, which may write the status, cannot write this)."""
+        if current.record == record:
+            return
+        uid = (cr.get("metadata") or {}).get("uid") or ""
+        encoded = record.encode()
+        await self._blocking(self.kube.patch_annotations, key[0], key[1], uid, {RECORD_ANNOTATION: encoded})
+        current.record = record
+        self._remember(key, uid, current, status=None)
+
+    def _remember(self, key: Key, uid: str, current: _Current, status: dict[str, Any] | None) -> None:
+        """Keep what was just written (`status`, when a status write) with the record in place."""
+        known = self._known.get(key)
+        # Only statuses this operator wrote: one someone else wrote must never pass for its own.
+        statuses = known.statuses if known is not None and known.uid == uid else ()
+        if status is not None:
+            statuses = (*statuses[-1:], pack(status))
+        phase = status.get("phase") if status is not None else (known.phase if known is not None else None)
+        record = None if current.record is None else current.record.encode()
+        self._known[key] = _Known(uid, statuses, record, phase)
+
+    async def _write_status(self, key: Key, cr: dict[str, Any], current: _Current, desired: dict[str, Any]) -> None:
         self.phases.set(key, desired.get("phase"))
+        previous = current.status
+        uid = (cr.get("metadata") or {}).get("uid") or ""
         if desired == previous:
             return
         patch = _status_patch(previous, desired)
-        uid = (cr.get("metadata") or {}).get("uid") or ""
         # A job with no status at all yet gets the status object itself (its keys cannot be set
         # one by one under a missing parent).
         whole = not previous and not (cr.get("status") or {})
         await self._blocking(self.kube.patch_status, key[0], key[1], uid, patch, whole=whole)
-        self._written[key] = (uid, pack(desired))
-        old_phase, new_phase = previous.get("phase"), desired.get("phase")
+        known = self._known.get(key)
+        # The phase this operator last announced, if it knows it: a status someone else wrote,
+        # or an index that lags, is no reason for a second Event.
+        old_phase = known.phase if known is not None and known.uid == uid and known.phase else previous.get("phase")
+        current.status = desired
+        self._remember(key, uid, current, status=desired)
+        new_phase = desired.get("phase")
         if new_phase in derive.TERMINAL_PHASES:
             self.wake_up()
         if old_phase != new_phase:
@@ -542,17 +647,17 @@ class Reconciler:
                 raise
 
     def _create_job(
-        self, cr: dict[str, Any], parsed: ParsedSpec, status: dict[str, Any], now: datetime
+        self, cr: dict[str, Any], parsed: ParsedSpec, record: Record, now: datetime
     ) -> dict[str, Any] | None:
         job = next(c for c in self._render(parsed, cr) if c.get("kind") == "Job")
         # A recreated gang gets what is left of the job's deadline, not a fresh one.
-        remaining = derive.remaining_deadline(parsed.facts, status, now)
+        remaining = derive.remaining_deadline(parsed.facts, record, now)
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create_returning(job)
 
 
-def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
     owners = (obj.get("metadata") or {}).get("ownerReferences") or []
     return not owners or any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
 

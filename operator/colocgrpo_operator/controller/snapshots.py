@@ -25,6 +25,7 @@ from colocgrpo_operator.api.naming import (
     GPU_MEMORY_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     OPERATOR_ANNOTATION_PREFIX,
+    RECORD_ANNOTATION,
 )
 
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
@@ -43,13 +44,18 @@ def _owner_uids(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+# Ours among the annotations under the operator's prefix (the rest is kopf's bookkeeping): the
+# planner's GPU memory and the operator's record of the job (record.py).
+_KEPT_ANNOTATIONS = frozenset({GPU_MEMORY_ANNOTATION, RECORD_ANNOTATION})
+
+
 def job_resource_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     """A ColocGRPOJob: identity, spec and status (kopf's bookkeeping annotations dropped)."""
     meta = body.get("metadata") or {}
     annotations = {
         k: v
         for k, v in (meta.get("annotations") or {}).items()
-        if not (k.startswith(f"{OPERATOR_ANNOTATION_PREFIX}/") and k != GPU_MEMORY_ANNOTATION)
+        if not (k.startswith(f"{OPERATOR_ANNOTATION_PREFIX}/") and k not in _KEPT_ANNOTATIONS)
         and not k.startswith("kopf.")
         and k != "kubectl.kubernetes.io/last-applied-configuration"
     }

@@ -22,6 +22,7 @@ from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.failures import Failure, classify_failure
 from colocgrpo_operator.controller.kueue import SUSPEND_MESSAGE, kueue_queue, kueue_wait, workload_of
 from colocgrpo_operator.controller.objects import (
+    as_list,
     completion_index,
     dig,
     format_time,
@@ -30,6 +31,7 @@ from colocgrpo_operator.controller.objects import (
     pods_of_job,
     truncate,
 )
+from colocgrpo_operator.controller.record import Outcome, Record
 from colocgrpo_operator.controller.workers import is_fully_running, waiting_reason, workers_of
 
 # Phases as plain strings (the API enum's values), so they compare, hash and format exactly
@@ -76,6 +78,7 @@ class Action(enum.StrEnum):
 @dataclasses.dataclass(frozen=True)
 class Assessment:
     status: dict[str, Any]
+    record: Record
     action: Action = Action.NONE
     failure: Failure | None = None
 
@@ -89,39 +92,59 @@ class Assessment:
 
 
 def invalid_spec_status(
-    previous: dict[str, Any] | None, problems: list[tuple[str, str]], now: datetime, generation: int | None
+    record: Record,
+    previous: dict[str, Any] | None,
+    problems: list[tuple[str, str]],
+    now: datetime,
+    generation: int | None,
 ) -> dict[str, Any]:
-    """Status of a job whose spec the operator refuses: Failed/InvalidSpec, naming each field."""
+    """Status of a job whose spec the operator refuses: Failed/InvalidSpec, naming each field.
+
+    Not final: fixing the spec revives the job, so nothing of it goes into the record."""
     message = "; ".join(f"{path}: {text}" for path, text in problems) or "the spec is invalid"
-    base = _carry_over(previous)
-    conditions = base.get("conditions", [])
+    conditions = previous_conditions(previous, now)
     conditions = set_condition(conditions, "SpecValid", False, "InvalidSpec", message, now, generation)
     conditions = set_condition(
         conditions, "Running", False, "InvalidSpec", "no pods are created for an invalid spec", now, generation
     )
     conditions = set_condition(conditions, "Failed", True, "InvalidSpec", message, now, generation)
+    status = _recorded(record)
     # No pods exist for an invalid spec: zero workers, so `kubectl get cgj` shows GPUs 0, not blank.
-    base.update(
+    status.update(
         phase=FAILED,
         message=truncate(f"invalid spec: {message}"),
         conditions=conditions,
         observedGeneration=generation,
         workers=workers_of([], 0),
     )
-    return base
+    return {k: v for k, v in status.items() if v is not None}
 
 
-def _carry_over(previous: dict[str, Any] | None) -> dict[str, Any]:
-    """The operator-owned part of the previous status (never `progress`)."""
-    previous = dict(previous or {})
-    previous.pop("progress", None)
-    conditions = [c for c in previous.get("conditions") or [] if isinstance(c, dict)]
-    previous["conditions"] = conditions
-    return previous
+def previous_conditions(previous: dict[str, Any] | None, now: datetime) -> list[dict[str, Any]]:
+    """The conditions of the current status, for when each last changed (set_condition keeps a
+    condition's lastTransitionTime while its status holds). Nothing else of the current status is
+    read back: others can write it. A transition time that is not a time, or lies in the future,
+    is not kept (a forged one could hold off stall detection)."""
+    kept = []
+    for condition in as_list((previous or {}).get("conditions")):
+        if not isinstance(condition, dict):
+            continue
+        moment = parse_time(condition.get("lastTransitionTime"))
+        if moment is None or moment > now:
+            condition = {k: v for k, v in condition.items() if k != "lastTransitionTime"}
+        kept.append(condition)
+    return kept
 
 
-def _as_int(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+def _recorded(record: Record) -> dict[str, Any]:
+    """The status fields that show the operator's record."""
+    return {
+        "restarts": record.restarts,
+        "disruptions": record.disruptions,
+        "startTime": record.start_time,
+        "completionTime": record.completion_time,
+        "lastFailure": record.last_failure,
+    }
 
 
 # ----------------------------------------------------------------------------- the builder
@@ -130,12 +153,11 @@ def _as_int(value: Any, default: int = 0) -> int:
 @dataclasses.dataclass
 class _StatusBuilder:
     """The status being derived in one `assess`: what the derivation has learned so far (the
-    counters, the last failure, start and completion times, the action), turned into the
-    status by `build` once the phase is known."""
+    record's counters and times as they stand now, the action), turned into the status and the
+    new record by `build` once the phase is known."""
 
     facts: RunFacts
     now: datetime
-    base: dict[str, Any]
     conditions: list[dict[str, Any]]
     restarts: int
     disruptions: int
@@ -146,6 +168,35 @@ class _StatusBuilder:
     completion_time: str | None
     action: Action = Action.NONE
     failure: Failure | None = None
+
+    @classmethod
+    def start(
+        cls,
+        facts: RunFacts,
+        record: Record,
+        previous: dict[str, Any] | None,
+        current_pods: list[dict[str, Any]],
+        now: datetime,
+    ) -> _StatusBuilder:
+        rank0 = next(
+            (p for p in current_pods if completion_index(p) == 0 and not dig(p, "metadata", "deletionTimestamp")),
+            None,
+        )
+        conditions = set_condition(
+            previous_conditions(previous, now), "SpecValid", True, "Valid", "the spec is valid", now, facts.generation
+        )
+        return cls(
+            facts=facts,
+            now=now,
+            conditions=conditions,
+            restarts=record.restarts,
+            disruptions=record.disruptions,
+            last_failure=record.last_failure,
+            workers=workers_of(current_pods, facts.gpus_per_node),
+            rank0_pod=dig(rank0, "metadata", "name"),
+            start_time=record.start_time,
+            completion_time=record.completion_time,
+        )
 
     def _set(self, type_: str, state: ConditionState) -> None:
         status, reason, message = state
@@ -164,7 +215,8 @@ class _StatusBuilder:
         queued: ConditionState | None = None,
     ) -> Assessment:
         """The status in `phase` with its summary `message`, every condition set to agree
-        (`queued`: the Queued condition of a QUEUED phase, which says why)."""
+        (`queued`: the Queued condition of a QUEUED phase, which says why); a Succeeded or Failed
+        phase is final, so it goes into the record as the outcome."""
         facts = self.facts
         self._set("Running", running)
         self._set("Queued", queued if phase == QUEUED and queued else (False, "NotQueued", "not waiting for admission"))
@@ -191,24 +243,43 @@ class _StatusBuilder:
             (phase == FAILED, failed_reason or "NotFailed", message if phase == FAILED else "no fatal failure"),
         )
         self._set("Stalled", stalled or (False, "NotStalled", "the gang is not running"))
-        status = dict(self.base)
+        outcome = None
+        if phase in TERMINAL_PHASES:
+            outcome = Outcome(
+                phase=phase,
+                reason=failed_reason or "Completed",
+                message=truncate(message),
+                running_reason=running[1],
+                running_message=truncate(running[2]),
+            )
+        record = Record(
+            restarts=self.restarts,
+            disruptions=self.disruptions,
+            start_time=self.start_time,
+            completion_time=self.completion_time,
+            last_failure=self.last_failure,
+            outcome=outcome,
+        )
+        status = _recorded(record)
         status.update(
             phase=phase,
             message=truncate(message),
             conditions=self.conditions,
             observedGeneration=facts.generation,
-            restarts=self.restarts,
-            disruptions=self.disruptions,
             workers=self.workers,
             rank0Pod=self.rank0_pod,
-            startTime=self.start_time,
-            completionTime=self.completion_time,
         )
-        if self.last_failure is not None:
-            status["lastFailure"] = self.last_failure
-        for key in [k for k, v in status.items() if v is None]:
-            del status[key]
-        return Assessment(status, self.action, self.failure)
+        status = {k: v for k, v in status.items() if v is not None}
+        return Assessment(status, record, self.action, self.failure)
+
+    def final(self, outcome: Outcome) -> Assessment:
+        """The status of a job that has ended, from the outcome the operator recorded then."""
+        return self.build(
+            outcome.phase,
+            outcome.message,
+            (False, outcome.running_reason, outcome.running_message),
+            failed_reason=outcome.reason if outcome.phase == FAILED else None,
+        )
 
 
 # ----------------------------------------------------------------------------- the derivation
@@ -218,53 +289,38 @@ def assess(
     facts: RunFacts,
     job: dict[str, Any] | None,
     pods: list[dict[str, Any]],
+    record: Record,
     previous: dict[str, Any] | None,
     now: datetime,
     progress: dict[str, Any] | None = None,
     workloads: list[dict[str, Any]] | None = None,
 ) -> Assessment:
-    """Derive the status (without progress) and the operator's next action.
+    """Derive the status (without progress), the new record and the operator's next action.
 
     `job` is the batch/v1 Job named after the ColocGRPOJob (None when absent), `pods` every
-    pod labelled with the job's name (pods of older Jobs are filtered out here), `previous`
-    the current status, `progress` the trainer's status.progress (for stall detection),
-    `workloads` Kueue's Workloads of batch Jobs of the job's name (of this Job or older ones).
+    pod labelled with the job's name (pods of older Jobs are filtered out here), `record` the
+    operator's own record of the job (record.py: restarts, times, the final outcome), `previous`
+    the current status (read only for its conditions' transition times, previous_conditions),
+    `progress` the trainer's status.progress (for stall detection), `workloads` Kueue's
+    Workloads of batch Jobs of the job's name (of this Job or older ones).
     """
-    base = _carry_over(previous)
-    prev_phase = base.get("phase")
-    generation = facts.generation
+    current_pods = pods_of_job(job, pods)
+    status = _StatusBuilder.start(facts, record, previous, current_pods, now)
+    # Read back for one thing only: whether a gap without a Job is a restart or a first start,
+    # which changes the phase's name and message, never what is done (others can write it).
+    prev_phase = (previous or {}).get("phase") if isinstance(previous, dict) else None
 
     # A finished job stays finished: its Job may be garbage-collected or its pods cleaned up.
-    # (A job failed for an invalid spec is the exception: fixing the spec revives it.)
-    spec_was_invalid = (condition_of(base, "SpecValid") or {}).get("reason") == "InvalidSpec"
-    if prev_phase in TERMINAL_PHASES and not spec_was_invalid:
-        return Assessment(dict(base, observedGeneration=generation), Action.NONE, None)
-
-    current_pods = pods_of_job(job, pods)
-    rank0 = next(
-        (p for p in current_pods if completion_index(p) == 0 and not dig(p, "metadata", "deletionTimestamp")), None
-    )
-    last_failure = base.get("lastFailure")
-    status = _StatusBuilder(
-        facts=facts,
-        now=now,
-        base=base,
-        conditions=set_condition(base["conditions"], "SpecValid", True, "Valid", "the spec is valid", now, generation),
-        restarts=_as_int(base.get("restarts")),
-        disruptions=_as_int(base.get("disruptions")),
-        last_failure=last_failure if isinstance(last_failure, dict) else None,
-        workers=workers_of(current_pods, facts.gpus_per_node),
-        rank0_pod=dig(rank0, "metadata", "name"),
-        start_time=base.get("startTime"),
-        completion_time=base.get("completionTime"),
-    )
+    # Only the operator's own record says it finished; a phase in the status is never read back.
+    if record.outcome is not None:
+        return status.final(record.outcome)
 
     if job is None or dig(job, "metadata", "deletionTimestamp"):
         if facts.suspend and kueue_queue(facts.queue_name, job):
             # A Kueue-managed job is suspended by having no Job (see below); none is created.
             return status.build(SUSPENDED, SUSPEND_MESSAGE, (False, "Suspended", "the job is suspended"))
         if job is None:
-            if remaining_deadline(facts, base, now) == 0:
+            if remaining_deadline(facts, record, now) == 0:
                 message = (
                     f"the job ran past runPolicy.activeDeadlineSeconds={facts.active_deadline_seconds} "
                     "before its gang could be recreated"
@@ -282,11 +338,12 @@ def assess(
                 phase = RESTARTING if prev_phase == RESTARTING else PENDING
                 return status.build(phase, message, (False, "WaitingForWorkloadDeletion", message))
             status.action = Action.CREATE_JOB
-        if prev_phase == RESTARTING or (job is not None):
-            message = (status.last_failure or {}).get("message") or "recreating the gang"
+        if prev_phase == RESTARTING or job is not None:
+            # Between gangs: the failed one is going or gone, the next is not there yet.
+            failure_message = (status.last_failure or {}).get("message") or "recreating the gang"
             return status.build(
                 RESTARTING,
-                f"restarting the gang: {message}",
+                f"restarting the gang: {failure_message}",
                 (False, "Restarting", "the previous gang is being replaced"),
             )
         return status.build(PENDING, "creating the gang", (False, "Pending", "the batch Job is being created"))
@@ -393,7 +450,7 @@ def _after_failure(status: _StatusBuilder, job: dict[str, Any], failure: Failure
     last_failure = status.last_failure
     already = last_failure is not None and last_failure.get("jobUid") == job_uid
     if not already:
-        record: dict[str, Any] = {
+        entry: dict[str, Any] = {
             "reason": failure.reason,
             "message": failure.message,
             "counted": failure.counted,
@@ -401,10 +458,10 @@ def _after_failure(status: _StatusBuilder, job: dict[str, Any], failure: Failure
             "time": format_time(status.now),
         }
         if failure.pod:
-            record["pod"] = failure.pod
+            entry["pod"] = failure.pod
         if failure.exit_code is not None:
-            record["exitCode"] = failure.exit_code
-        status.last_failure = record
+            entry["exitCode"] = failure.exit_code
+        status.last_failure = entry
     if not failure.retryable:
         status.action = Action.NONE
         status.completion_time = format_time(status.now)
@@ -458,15 +515,15 @@ def _stall(
     return False, "NotStalled", "training is progressing"
 
 
-def remaining_deadline(facts: RunFacts, status: dict[str, Any] | None, now: datetime) -> int | None:
+def remaining_deadline(facts: RunFacts, record: Record, now: datetime) -> int | None:
     """activeDeadlineSeconds for a (re)created Job: what is left of the job's whole budget.
 
-    A gang restart must not reset the user's deadline, so it counts from status.startTime.
-    Returns None without a deadline, 0 when it has already passed.
+    A gang restart must not reset the user's deadline, so it counts from when the first gang
+    started (the record's startTime). Returns None without a deadline, 0 when it has passed.
     """
     if not facts.active_deadline_seconds:
         return None
-    started = parse_time((status or {}).get("startTime"))
+    started = parse_time(record.start_time)
     if started is None:
         return facts.active_deadline_seconds
     left = facts.active_deadline_seconds - int((now - started).total_seconds())

@@ -31,17 +31,31 @@ def run(
     return done
 
 
+OPERATOR_COMMAND = ("colocgrpo_operator.cli", "operator")
+
+
 def start_operator(
-    checkout: Path, kubeconfig: str | Path, flags: Sequence[str], log_path: Path, *, append: bool = False
+    checkout: Path,
+    kubeconfig: str | Path,
+    flags: Sequence[str],
+    log_path: Path,
+    *,
+    append: bool = False,
+    runner: Sequence[str] = OPERATOR_COMMAND,
+    extra_paths: Sequence[Path] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`colocgrpo operator --kubeconfig=KUBECONFIG FLAGS...` in a child process that imports the
     code of `checkout` (its operator/ and training/ first on PYTHONPATH), output into `log_path`.
 
     How the demo, the operator tests and the 500-job benchmark run the operator: as a real
     process, the way the chart's Deployment does. `append` keeps the log of an earlier start.
+    A test may run a wrapper module instead (`runner`: what `python -m` runs, with its leading
+    arguments), with more import paths and environment.
     """
-    env = dict(os.environ, PYTHONPATH=f"{checkout / 'operator'}:{checkout / 'training'}")
-    command = [sys.executable, "-m", "colocgrpo_operator.cli", "operator", f"--kubeconfig={kubeconfig}", *flags]
+    path = ":".join(str(p) for p in (checkout / "operator", checkout / "training", *extra_paths))
+    env = dict(os.environ, PYTHONPATH=path, **(extra_env or {}))
+    command = [sys.executable, "-m", *runner, f"--kubeconfig={kubeconfig}", *flags]
     with open(log_path, "ab" if append else "wb") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=checkout)
 
