@@ -252,3 +252,34 @@ def test_planner_reads_the_gpu_memory_annotation_the_operator_keeps():
     from colocgrpo_training.planner import GPU_MEMORY_ANNOTATION as planner_key
 
     assert planner_key == GPU_MEMORY_ANNOTATION
+
+
+def test_namespace_rescan_adds_what_kopf_missed_with_kopfs_own_rules():
+    import asyncio
+    import logging
+
+    from colocgrpo_operator.controller.namespaces import NamespaceRescan, new_insights
+
+    def namespace(name: str, terminating: bool = False) -> dict:
+        body: dict = {"metadata": {"name": name}, "status": {"phase": "Active"}}
+        if terminating:
+            body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            body["status"] = {"phase": "Terminating", "conditions": [{"type": "X", "status": "False"}]}
+        return body
+
+    async def scenario() -> tuple[set[str], set[str], set]:
+        insights = new_insights()
+        insights.namespaces.update({"team-a", "team-gone"})
+
+        async def listing() -> list[dict]:
+            return [namespace("team-a"), namespace("team-b"), namespace("other"), namespace("team-gone", True)]
+
+        rescan = NamespaceRescan(insights, ["team-*"], listing, 1.0, logging.getLogger("test"))
+        first = await rescan.revise(await listing())
+        again = await rescan.revise(await listing())
+        return first, again, set(insights.namespaces)
+
+    added, added_again, served = asyncio.run(scenario())
+    assert added == {"team-b"}  # created while kopf was not looking
+    assert added_again == set()
+    assert served == {"team-a", "team-b"}  # "other" does not match; a terminating namespace is let go, as kopf does

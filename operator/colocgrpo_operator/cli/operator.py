@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.controller import handlers  # noqa: F401  (registers the handlers)
     from colocgrpo_operator.controller.health import Probes, serve_probes
     from colocgrpo_operator.controller.metrics import start_metrics_server
+    from colocgrpo_operator.controller.namespaces import new_insights
 
     elector = _elector(config, credentials) if config.leader_election else None
     if config.metrics_port > 0:
@@ -222,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
         elector.wait_until_leading()  # standing by: no watches, no writes, only reading the Lease
     loop = asyncio.new_event_loop()
     probes.loop = loop
+    # kopf's view of which namespaces to serve, shared with the namespace rescan that adds the
+    # ones kopf's own observer can miss (controller/namespaces.py).
+    insights = new_insights()
     try:
         kopf.run(
             loop=loop,
@@ -229,8 +233,9 @@ def run(args: argparse.Namespace) -> int:
             clusterwide=config.clusterwide,
             namespaces=list(config.namespaces),
             ready_flag=probes.started,
+            insights=insights,
             # Read by the startup and login handlers (controller/startup.py).
-            memo=kopf.Memo(config=config, credentials=credentials),
+            memo=kopf.Memo(config=config, credentials=credentials, insights=insights),
         )
     finally:
         if elector is not None:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import kopf
 
@@ -24,6 +24,7 @@ from colocgrpo_operator.controller.credentials import Credentials
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import start_metrics_server
+from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
 from colocgrpo_operator.controller.snapshots import all_views, first_view
 
@@ -66,6 +67,9 @@ class OperatorRuntime:
         reconciler: the one `Reconciler` every trigger goes through.
         housekeeper: the operator-wide re-check and TTL loop, not yet running (`start_housekeeping`).
         metrics_server: the Prometheus endpoint, None when `config.metrics_port` is 0.
+        namespace_rescan: the namespaces kopf's observer missed, served (`start_namespace_rescan`;
+            controller/namespaces.py); None when the operator is cluster-wide or kopf runs without
+            insights it was handed.
     """
 
     def __init__(
@@ -83,7 +87,9 @@ class OperatorRuntime:
         self.reconciler = reconciler
         self.housekeeper = housekeeper
         self.metrics_server = metrics_server
+        self.namespace_rescan: NamespaceRescan | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._rescanning: asyncio.Task[None] | None = None
 
     @classmethod
     def open(
@@ -123,14 +129,35 @@ class OperatorRuntime:
             loop = asyncio.get_running_loop()
             self._housekeeping = loop.create_task(self.housekeeper.run(), name="colocgrpo-housekeeping")
 
+    def start_namespace_rescan(self, insights: Insights | None, logger: logging.Logger) -> None:
+        """Start the namespace rescan (controller/namespaces.py) over the Insights object kopf
+        runs with; nothing for a cluster-wide operator or without `insights`. Every re-check
+        period one namespace listing, served from the apiserver's watch cache."""
+        if self.config.clusterwide or insights is None or self._rescanning is not None:
+            return
+
+        async def list_namespaces() -> list[dict[str, Any]]:
+            listing = await asyncio.to_thread(
+                self.kube.request, "GET", "/api/v1/namespaces", query={"resourceVersion": "0"}
+            )
+            return list((listing or {}).get("items") or [])
+
+        self.namespace_rescan = NamespaceRescan(
+            insights, self.config.namespaces, list_namespaces, self.config.recheck_seconds, logger
+        )
+        loop = asyncio.get_running_loop()
+        self._rescanning = loop.create_task(self.namespace_rescan.run(), name="colocgrpo-namespace-rescan")
+
     async def close(self) -> None:
-        """Stop the housekeeping loop and the reconciles running in the background, then close
-        the connection pool and the metrics endpoint. Safe to call once the operator stops."""
-        task, self._housekeeping = self._housekeeping, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop the housekeeping loop, the namespace rescan and the reconciles running in the
+        background, then close the connection pool and the metrics endpoint. Safe to call once
+        the operator stops."""
+        for task in (self._housekeeping, self._rescanning):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._housekeeping = self._rescanning = None
         await self.reconciler.cancel_background()
         self.kube.close()
         if self.metrics_server is not None:

@@ -36,6 +36,7 @@ import kopf
 from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
 from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
+from colocgrpo_operator.controller.namespaces import Insights
 from colocgrpo_operator.controller.reconciler import MAX_SPEC_BYTES, Key
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
@@ -66,6 +67,13 @@ def config_of(memo: kopf.Memo) -> OperatorConfig:
     (the handlers loaded some other way, e.g. by `kopf run`)."""
     config = memo.get("config")
     return config if isinstance(config, OperatorConfig) else OperatorConfig()
+
+
+def insights_of(memo: kopf.Memo) -> Insights | None:
+    """The Insights object `colocgrpo operator` handed to kopf.run and put in the memo (None when
+    the handlers run some other way: then no namespace rescan, controller/namespaces.py)."""
+    insights = memo.get("insights")
+    return insights if isinstance(insights, Insights) else None
 
 
 def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -121,6 +129,7 @@ async def start(
         executor=settings.execution.executor,
         logger=logging.getLogger("colocgrpo.operator"),
     )
+    memo.runtime.start_namespace_rescan(insights_of(memo), logging.getLogger("colocgrpo.operator"))
     logger.info("colocgrpo operator configured (metrics port %s)", config.metrics_port or "off")
 
 
