@@ -28,6 +28,11 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 # A venv is ready once its .ready marker exists: the paths are keyed by content, so rules never look at
 # file times (a fresh clone's files are all "new", which would rebuild every cached venv on each CI run).
 DEV_READY := $(DEV_VENV)/.ready
+# The oldest kopf pyproject.toml allows, in a venv of its own: the operator tests run on it too.
+KOPF_FLOOR := $(shell sed -n 's/.*"kopf>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+FLOOR_VENV := $(CACHE)/venv-kopf-$(KOPF_FLOOR)-$(DEV_KEY)
+FLOOR_READY := $(FLOOR_VENV)/.ready
+FLOOR_PY := $(FLOOR_VENV)/bin/python
 TRAINER_READY := $(TRAINER_VENV)/.ready
 DEV_PY := $(DEV_VENV)/bin/python
 TRAINER_PY := $(TRAINER_VENV)/bin/python
@@ -43,7 +48,7 @@ help:
 	@echo "make test   - every test (operator, chart, cluster, trainer on CPU; GPU tests skip without a GPU)"
 	@echo "make lint   - ruff (lint + format check), mypy and a duplicate-code check; make test runs it first"
 
-.PHONY: help demo lint test test-operator test-trainer dev-venv trainer-venv cluster-bin crd clean-cache
+.PHONY: help demo lint test test-operator test-kopf-floor test-trainer dev-venv trainer-venv cluster-bin crd clean-cache
 
 $(DEV_READY):
 	rm -rf "$(DEV_VENV)"
@@ -53,6 +58,13 @@ $(DEV_READY):
 	touch "$(DEV_READY)"
 
 dev-venv: $(DEV_READY)
+
+$(FLOOR_READY):
+	rm -rf "$(FLOOR_VENV)"
+	$(PYTHON) -m venv "$(FLOOR_VENV)"
+	"$(FLOOR_PY)" -m pip install -q --upgrade pip
+	"$(FLOOR_PY)" -m pip install -q -e '.[dev]' "kopf==$(KOPF_FLOOR)"
+	touch "$(FLOOR_READY)"
 
 # torch from PyPI is the CUDA build (several GB): its venv is built once per pin set and cached.
 $(TRAINER_READY):
@@ -99,10 +111,15 @@ lint: dev-venv trainer-venv
 	"$(TRAINER_PY)" -m mypy
 	"$(DEV_PY)" -m pylint --disable=all --enable=duplicate-code operator training bench tests
 
-test: lint test-operator test-trainer
+test: lint test-operator test-kopf-floor test-trainer
 
 test-operator: dev-venv cluster-bin
 	"$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)
+
+# The operator tests again on the kopf floor (the pure status-derivation tests do not touch kopf).
+test-kopf-floor: $(FLOOR_READY) cluster-bin
+	test "$$("$(FLOOR_PY)" -c 'import importlib.metadata as m; print(m.version("kopf"))')" = "$(KOPF_FLOOR)"
+	"$(FLOOR_PY)" -m pytest tests/operator --ignore=tests/operator/test_operator_status.py $(PYTEST_ARGS)
 
 test-trainer: trainer-venv cluster-bin
 	"$(TRAINER_PY)" -m pytest tests/training $(PYTEST_ARGS)
