@@ -31,7 +31,7 @@ def auth_middleware(credentials: Credentials) -> aiohttp.ClientMiddlewareType:
             if response.status != 401 or attempt or not await asyncio.to_thread(credentials.refused, token):
                 return response
             response.release()
-        return response  # not reached: the second attempt always returns
+        raise AssertionError("not reached: the second attempt always returns")
 
     return authenticate
 
