@@ -9,6 +9,9 @@ TRL internals this relies on (why the package pins trl>=1.16,<1.17), kept to a m
    `_generate_single_turn` (sync when `state.global_step` changed, then generate).
 3. `_prepare_inputs` and its micro-step counter `self._step`, to predict, before each
    generate, whether an optimizer step comes before the next one (auto's hint).
+4. `_get_per_token_logps_and_entropies(..., batch_size=...)`, its rows per forward: the no-grad
+   forwards (the old log-probs of a generation, the reference model's) take more rows per forward
+   (`no_grad_rows`); the values are the same, the forwards fewer.
 Everything else (rewards, advantages, loss, logging, checkpoints) is TRL's, untouched.
 """
 
@@ -21,6 +24,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Literal, cast
 
+import torch
 import trl.trainer.grpo_trainer as grpo_module
 from trl import GRPOConfig, GRPOTrainer
 
@@ -30,6 +34,22 @@ from colocgrpo_training.generation.schedules import predict_next_generate
 from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
 
 log = logging.getLogger("colocgrpo.generation")
+
+# Tokens per no-grad forward (the old log-probs of a generation, the reference model's log-probs). TRL
+# runs them in chunks of `per_device_train_batch_size` rows, the training micro-batch, although no
+# activations are kept for a backward: at 7B, 16 rows of 104 tokens, 8 forwards per generation, each
+# paying ZeRO-3's per-module hooks. A no-grad forward holds only one layer's tensors at a time (about
+# 115 KB per token at 7B: hidden states, q/k/v, the MLP's gate, up and product in bf16), so 8192 tokens
+# hold about 0.9 GiB, no more than one checkpointed micro-batch of the bench's large size already needs.
+DEFAULT_NO_GRAD_TOKENS = 8192
+
+
+def no_grad_rows(train_rows: int, sequence_tokens: int, no_grad_tokens: int) -> int:
+    """Rows per no-grad forward: as many as `no_grad_tokens` allows, never fewer than TRL's (the
+    training micro-batch); `no_grad_tokens` 0 keeps TRL's chunking."""
+    if no_grad_tokens <= 0:
+        return train_rows
+    return max(train_rows, no_grad_tokens // max(1, sequence_tokens))
 
 
 @contextlib.contextmanager
@@ -58,9 +78,11 @@ class ColocGRPOTrainer(GRPOTrainer):
         *args: Any,
         generation_settings: VLLMSettings,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        no_grad_tokens: int = DEFAULT_NO_GRAD_TOKENS,
         **kwargs: Any,
     ) -> None:
         self.generation_settings = generation_settings
+        self.no_grad_tokens = no_grad_tokens
         # GRPOTrainer's own parameters, however they were passed.
         given = inspect.signature(GRPOTrainer.__init__).bind_partial(self, *args, **kwargs).arguments
         grpo_args = given.get("args")
@@ -121,6 +143,22 @@ class ColocGRPOTrainer(GRPOTrainer):
                 mode=mode,
             )
         return super()._prepare_inputs(generation_batch)
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if batch_size and not torch.is_grad_enabled():
+            # No activations are kept: larger chunks, the same values (rows are independent).
+            batch_size = no_grad_rows(batch_size, input_ids.size(1), self.no_grad_tokens)
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+        )
 
     def _load_from_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         result = super()._load_from_checkpoint(*args, **kwargs)
