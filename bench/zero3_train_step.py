@@ -17,6 +17,17 @@ Files (`FILES`): `plain` is ZeRO-3 with DeepSpeed's defaults (what TRL's docs gi
 filled in as transformers fills them (what one-GPU jobs got before the one-GPU render);
 `persist` and `persist-nomel` add one one-GPU knob at a time; `product` is what the
 operator renders for a one-GPU job now.
+
+    python3 -m bench.zero3_train_step --model DIR --out DIR --variants all [--file product]
+
+`--variants` measures training-side candidates against a baseline in ONE process (the model is
+loaded once, under `--file`): the step as GRPO runs it — TRL 1.16's chunked log-prob LM head
+(`add_fused_lm_head`, no full logits), the GRPO/DAPO token loss normalised by the optimizer step's
+completion tokens, then the optimizer — and the no-grad old-log-prob forward of one generation.
+`VARIANTS` lists them. The learning rate is 0 by default, so every variant's steps see the same
+weights and the same rows: the loss and gradient norm of equal steps must agree across variants
+(the table shows them), which checks the candidates compute the same step as the baseline.
+`--cpu` runs the matrix on the CPU (gloo, float32; a tiny model) as a dry run of the plumbing.
 """
 
 from __future__ import annotations
@@ -110,35 +121,242 @@ def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> 
     (out / "result.json").write_text(json.dumps(result, indent=2))
 
 
+# ---------------------------------------------------------------- the variant matrix (one process)
+# name: (what it measures, rows per micro-batch — None: the size's —, gradient checkpointing). Train
+# variants run a whole optimizer step (the size's rows per step, split into micro-batches of that many
+# rows); `oldlogp-*` run the no-grad forward of one generation's rows in chunks of that many rows
+# (-1: as many as ColocGRPOTrainer's default no-grad token budget gives).
+VARIANTS: dict[str, tuple[str, int | None, bool]] = {
+    "oldlogp-16": ("oldlogp", None, False),  # TRL: one chunk per micro-batch (per_device_train_batch_size)
+    "oldlogp-auto": ("oldlogp", -1, False),  # ColocGRPOTrainer's default (`no_grad_rows`)
+    "oldlogp-128": ("oldlogp", 128, False),  # one chunk for the whole generation
+    "base": ("train", None, True),  # TRL's step: 4 micro-batches of 16, non-reentrant checkpointing
+    "mb32": ("train", 32, True),  # the same 64 rows in 2 micro-batches
+    "mb64": ("train", 64, True),  # ... in 1 micro-batch
+    "base-again": ("train", None, True),  # the baseline repeated: the drift within the run
+    "no-ckpt": ("train", None, False),  # 4 x 16 without checkpointing (the most memory: last)
+}
+
+
+def variant_rows(size: dict) -> tuple[int, int]:
+    """Rows per optimizer step and rows per generation of the size."""
+    micro = size["per_device_train_batch_size"]
+    return micro * size["gradient_accumulation_steps"], micro * size["steps_per_generation"]
+
+
+def step_batch(step: int, rows: int, tokens: int, vocab: int, seed: int, device) -> tuple:
+    """The rows of optimizer step `step` (the same for every variant): token ids, and one advantage per row."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * 1000 + step)
+    ids = torch.randint(0, vocab, (rows, tokens), generator=generator)
+    advantages = torch.randn(rows, generator=generator)
+    return ids.to(device), advantages.to(device)
+
+
+def grpo_token_loss(engine, ids, advantages, prompt_tokens: int, normalizer: float):
+    """GRPO's per-token loss as TRL 1.16 computes it at beta 0 with one iteration (ratio 1, DAPO
+    normalisation): -exp(logp - logp.detach()) * advantage, summed over the completion tokens and
+    divided by the optimizer step's completion tokens, through TRL's chunked log-prob head."""
+    import torch
+
+    labels = ids.clone()
+    labels[:, :prompt_tokens] = -100
+    out = engine(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
+    logps = out.log_probs
+    mask = out.label_mask.to(logps.dtype)
+    per_token = -torch.exp(logps - logps.detach()) * advantages.unsqueeze(1)
+    return (per_token * mask).sum() / normalizer
+
+
+def variants_worker(
+    names: list[str], model_dir: str, out: Path, warmup: int, measured: int, file: str, cpu: bool, lr: float
+) -> None:
+    import deepspeed
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+    from trl.trainer.utils import add_fused_lm_head
+
+    size = SIZES["large"]
+    hidden = AutoConfig.from_pretrained(model_dir).hidden_size
+    micro = size["per_device_train_batch_size"]
+    step_rows, generation_rows = variant_rows(size)
+    config = {
+        "zero_optimization": zero_sections(hidden)[file],
+        "bf16": {"enabled": not cpu},
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": size["gradient_accumulation_steps"],
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1_000_000,
+    }
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    keep = HfDeepSpeedConfig(config)  # noqa: F841 - from_pretrained builds under zero.Init while it lives
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32 if cpu else torch.bfloat16)
+    model.config.use_cache = False
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))  # as GRPOTrainer does
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=not cpu)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    tokens = PROMPT_TOKENS + size["max_completion_length"]
+    vocab = model.config.vocab_size
+
+    def sync() -> None:
+        if not cpu:
+            torch.cuda.synchronize()
+
+    def set_checkpointing(on: bool) -> None:
+        if on:
+            engine.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            engine.module.gradient_checkpointing_disable()
+
+    results: list[dict] = []
+
+    def save() -> None:
+        (out / "result.json").write_text(json.dumps({"file": file, "lr": lr, "variants": results}, indent=2))
+
+    for name in names:
+        kind, rows, checkpointing = VARIANTS[name]
+        if rows == -1:
+            from colocgrpo_training.generation.trainer import DEFAULT_NO_GRAD_TOKENS, no_grad_rows
+
+            rows = no_grad_rows(micro, tokens, DEFAULT_NO_GRAD_TOKENS)
+        rows = rows or micro
+        record: dict = {"variant": name, "kind": kind, "rows_per_chunk": rows, "gradient_checkpointing": checkpointing}
+        if not cpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        times, losses, grad_norms = [], [], []
+        try:
+            set_checkpointing(checkpointing)
+            for step in range(warmup + measured):
+                if kind == "oldlogp":
+                    ids, _ = step_batch(step, generation_rows, tokens, vocab, size["seed"], engine.device)
+                    labels = ids.clone()
+                    labels[:, :PROMPT_TOKENS] = -100
+                    sync()
+                    start = time.perf_counter()
+                    with torch.no_grad():
+                        chunks = [
+                            engine(
+                                input_ids=ids[i : i + rows],
+                                attention_mask=torch.ones_like(ids[i : i + rows]),
+                                labels=labels[i : i + rows],
+                                fused_lm_head=True,
+                            ).log_probs
+                            for i in range(0, generation_rows, rows)
+                        ]
+                        logps = torch.cat(chunks)
+                    sync()
+                    times.append(time.perf_counter() - start)
+                    losses.append(float(logps.double().sum()))
+                    continue
+                ids, advantages = step_batch(step, step_rows, tokens, vocab, size["seed"], engine.device)
+                completion_tokens = float(step_rows * (tokens - PROMPT_TOKENS))
+                sync()
+                start = time.perf_counter()
+                total = 0.0
+                starts = range(0, step_rows, rows)
+                for i in starts:
+                    engine.set_gradient_accumulation_boundary(i == starts[-1])
+                    loss = grpo_token_loss(
+                        engine, ids[i : i + rows], advantages[i : i + rows], PROMPT_TOKENS, completion_tokens
+                    )
+                    engine.backward(loss, scale_wrt_gas=False)  # the loss is normalised for the whole step
+                    engine.step()
+                    total += float(loss.detach())
+                sync()
+                times.append(time.perf_counter() - start)
+                losses.append(total)
+                norm = engine.get_global_grad_norm()
+                grad_norms.append(None if norm is None else float(norm))
+        except torch.OutOfMemoryError as err:
+            record["status"] = f"out of memory: {str(err)[:300]}"
+        record.update(
+            step_times=times,
+            losses=losses,
+            grad_norms=grad_norms,
+            median_s=statistics.median(times[warmup:]) if len(times) > warmup else None,
+            peak_allocated_bytes=0 if cpu else torch.cuda.max_memory_allocated(),
+        )
+        results.append(record)
+        save()
+        print(f"[variants] {name}: {record.get('median_s')} s {record.get('status', '')}", flush=True)
+        if "status" in record:
+            break  # after an out-of-memory the engine's state is not trusted for the rest
+    save()
+
+
+def variants_table(results: list[dict], warmup: int) -> list[str]:
+    """The matrix as a table: each train variant against `base`, each old-log-prob chunking against
+    the first; the first measured step's loss and gradient norm, which must agree at lr 0."""
+    base = {
+        kind: next((r["median_s"] for r in results if r["kind"] == kind and r.get("median_s")), None)
+        for kind in ("train", "oldlogp")
+    }
+    lines = [
+        "| variant | measures | rows per chunk | checkpointing | median s | ÷ first of its kind | steps (s) "
+        "| first measured loss / sum of log-probs | grad norm | peak allocated GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        times = ", ".join(f"{t:.3f}" for t in r["step_times"])
+        if r.get("median_s") is None:
+            lines.append(
+                f"| {r['variant']} | {r['kind']} | {r['rows_per_chunk']} | | {r.get('status', 'no steps')} "
+                f"| | {times} | | | |"
+            )
+            continue
+        loss = r["losses"][warmup] if len(r["losses"]) > warmup else None
+        norm = r["grad_norms"][warmup] if len(r["grad_norms"]) > warmup else None
+        lines.append(
+            f"| {r['variant']} | {'optimizer step' if r['kind'] == 'train' else 'old log-probs, one generation'} "
+            f"| {r['rows_per_chunk']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['median_s']:.3f} "
+            f"| {r['median_s'] / base[r['kind']]:.2f} | {times} | {loss if loss is None else f'{loss:.6g}'} "
+            f"| {norm if norm is None else f'{norm:.6g}'} | {r['peak_allocated_bytes'] / 2**30:.1f} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True, help="a model folder (grpo_step.py --size large makes one)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--files", default=",".join(FILES))
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help=f"the training-side variant matrix in one process: 'all' or some of {', '.join(VARIANTS)}",
+    )
+    parser.add_argument("--file", default="product", choices=FILES, help="the DeepSpeed file of --variants")
+    parser.add_argument("--lr", type=float, default=0.0, help="--variants' learning rate (0: every step equal)")
+    parser.add_argument("--cpu", action="store_true", help="--variants on the CPU (gloo, float32): a dry run")
     parser.add_argument("--warmup-steps", type=int, default=1)
     parser.add_argument("--measured-steps", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=150.0, help="per file")
+    parser.add_argument("--timeout", type=float, default=150.0, help="per file, or for the whole --variants run")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    out = args.out.resolve()
+    if args.variants is not None:
+        names = list(VARIANTS) if args.variants == "all" else [n for n in args.variants.split(",") if n]
+        unknown = sorted(set(names) - set(VARIANTS))
+        if unknown or not names:
+            parser.error(f"unknown --variants {unknown}: 'all' or some of {', '.join(VARIANTS)}")
+        if args.worker:
+            variants_worker(
+                names, args.model, out, args.warmup_steps, args.measured_steps, args.file, args.cpu, args.lr
+            )
+            return 0
+        return run_variants(args, names, out)
     names = [n for n in args.files.split(",") if n]
     unknown = sorted(set(names) - set(FILES))
     if unknown:
         parser.error(f"unknown --files {unknown}: choose from {', '.join(FILES)}")
-    out = args.out.resolve()
     if args.worker:
         worker(args.worker, args.model, out, args.warmup_steps, args.measured_steps)
         return 0
     install_stop_handlers()
-    env = dict(
-        os.environ,
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="29533",
-        PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
-        PYTHONUNBUFFERED="1",
-    )
+    env = child_env()
     results = []
     for name in names:
         work = out / name
@@ -183,6 +401,73 @@ def main(argv: list[str] | None = None) -> int:
     (out / "zero3.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all("median_s_per_step" in r for r in results) else 1
+
+
+def child_env() -> dict[str, str]:
+    """One training process of its own (a world of one), the checkout first on the path."""
+    return dict(
+        os.environ,
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29533",
+        PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def run_variants(args: argparse.Namespace, names: list[str], out: Path) -> int:
+    """The variant matrix in one child process (the model loaded once); variants.md / variants.json."""
+    install_stop_handlers()
+    work = out / "variants"
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.zero3_train_step",
+        "--worker",
+        "variants",
+        "--variants",
+        ",".join(names),
+        "--file",
+        args.file,
+        "--lr",
+        str(args.lr),
+        "--model",
+        args.model,
+        "--out",
+        str(work),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--measured-steps",
+        str(args.measured_steps),
+    ] + (["--cpu"] if args.cpu else [])
+    start = time.perf_counter()
+    code, timed_out = run_child(cmd, child_env(), work, args.timeout)
+    wall = time.perf_counter() - start
+    result = json.loads((work / "result.json").read_text()) if (work / "result.json").exists() else {"variants": []}
+    done = [r["variant"] for r in result["variants"]]
+    problems = [f"{r['variant']}: {r['status']}" for r in result["variants"] if "status" in r]
+    problems += [f"{n}: not run" for n in names if n not in done]
+    if code != 0:
+        problems.append(
+            f"worker {'timed out' if timed_out else f'failed (rc {code})'} after {wall:.0f} s:\n"
+            + (work / "stderr.log").read_text(errors="replace")[-1500:]
+        )
+    lines = [
+        f"DeepSpeed file {args.file}, lr {args.lr}, {args.warmup_steps} warm-up + {args.measured_steps} measured "
+        f"steps per variant, {wall:.0f} s in one process",
+        "",
+        *variants_table(result["variants"], args.warmup_steps),
+    ]
+    lines += [f"\nNOT MEASURED: {p}" for p in problems]
+    summary = {**result, "warmup_steps": args.warmup_steps, "measured_steps": args.measured_steps, "wall_s": wall}
+    summary["problems"] = problems
+    (out / "variants.json").write_text(json.dumps(summary, indent=2))
+    (out / "variants.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if not problems else 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #   PARTS=push,bench ...                                     # + the push-source check (~1 min)
 #   PARTS=bench-large bash tests/gpu/drivers/run_on_device.sh        # the ~7B comparison (≤ 9 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
+#   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
 # Trainer-state offload and the ZeRO-3 gather path, one call each (each ≤ 9 min alone):
 #   PARTS=offload            bit-identical offload round trips, freed memory = the plan (~3 min)
 #   PARTS=offload-memory     the large size: memory and utilization before/while/after the offload (~4 min)
@@ -190,6 +191,17 @@ if [[ ",$PARTS," == *",zero3,"* ]]; then
   run_part zero3 "${ZERO3_LIMIT:-330}" "$PY" -m bench.zero3_train_step --model /tmp/models/random-large \
     --out "$WORK/zero3" ${ZERO3_ARGS:-}
   [[ -f "$WORK/zero3/zero3.md" ]] && cat "$WORK/zero3/zero3.md" >>"$SUMMARY"
+fi
+
+if [[ ",$PARTS," == *",zero3-variants,"* ]]; then
+  # The training-side candidates against the baseline in one process (bench/zero3_train_step.py VARIANTS):
+  # the model is loaded once under the one-GPU file; each variant 1 warm-up + ZERO3_MEASURED steps.
+  run_part zero3-model 300 "$PY" -m bench.grpo_step --out "$WORK/zero3-model" --make-model
+  left=$(( DEADLINE_S - ($(date +%s) - T0) - 30 ))
+  run_part zero3-variants "$left" "$PY" -m bench.zero3_train_step --model /tmp/models/random-large \
+    --out "$WORK/zero3-variants" --variants "${ZERO3_VARIANTS:-all}" --measured-steps "${ZERO3_MEASURED:-5}" \
+    --timeout $(( left - 20 )) ${ZERO3_ARGS:-}
+  [[ -f "$WORK/zero3-variants/variants.md" ]] && cat "$WORK/zero3-variants/variants.md" >>"$SUMMARY"
 fi
 
 if [[ ",$PARTS," == *",bench-large,"* ]]; then
