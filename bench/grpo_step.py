@@ -20,7 +20,14 @@ still reports what finished). Contenders run in the given order until `--budget-
 would be exceeded; the rest are reported as skipped. Each contender is killed after
 `--contender-timeout` seconds.
 
-Contenders: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload].
+Contenders: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload], each optionally
+@plain, @product or @none (no DeepSpeed). A contender that is not measured (skipped for the time
+budget, out of memory at every utilization, failed, timed out) makes the run exit 1.
+
+`--pair A,B --pair-index K`: the headline pair, A first for an even K and B first for an odd K
+(bench/pair_table.py aggregates a series of such runs). `--generate-only N`: no training, one
+generation batch through each contender's engine 1 + N times. bench.json records the host (CPU
+model, GPU and driver, commit).
 
 Two sizes (`--size`): `small` is SmolLM2-135M-Instruct; `large` is a random-init decoder of
 the same family (Llama architecture, SmolLM2's tokenizer) sized so that ZeRO-3 training
@@ -158,8 +165,10 @@ CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level
 # The DeepSpeed file a contender trains under (`contender@plain` / `contender@product` picks
 # one). `plain` is ZeRO-3 with DeepSpeed's defaults: what TRL's docs and accelerate's
 # `zero_stage: 3` give a TRL user. `product` is what our operator renders for the same
-# one-GPU job (colocgrpo_operator.render), which is how our trainer runs in a pod.
-DEEPSPEED_FILES = ("plain", "product")
+# one-GPU job (colocgrpo_operator.render), which is how our trainer runs in a pod. `none` is no
+# DeepSpeed at all: plain `accelerate launch`, the bf16 model, the trainer's default torch AdamW
+# (`trl-sleep@none`: TRL as its quickstart runs it, the reference beside TRL under ZeRO-3).
+DEEPSPEED_FILES = ("plain", "product", "none")
 
 
 def check_contender(name: str) -> str:
@@ -168,10 +177,10 @@ def check_contender(name: str) -> str:
     if base not in CONTENDERS or (trainer.endswith("-offload") and not base.startswith("ours-")):
         raise argparse.ArgumentTypeError(
             f"unknown contender {name!r}: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload], "
-            f"each optionally @plain or @product"
+            f"each optionally @plain, @product or @none"
         )
     if deepspeed and deepspeed not in DEEPSPEED_FILES:
-        raise argparse.ArgumentTypeError(f"unknown DeepSpeed file {deepspeed!r} in {name!r}: @plain or @product")
+        raise argparse.ArgumentTypeError(f"unknown DeepSpeed file {deepspeed!r} in {name!r}: @plain, @product or @none")
     return name
 
 
@@ -243,8 +252,9 @@ def grpo_kwargs(
         vllm_enable_sleep_mode=contender == "trl-sleep",
         vllm_tensor_parallel_size=tensor_parallel_size,
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
-        # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process).
-        ddp_backend="gloo" if cpu else None,
+        # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process);
+        # without DeepSpeed one process needs no process group.
+        ddp_backend="gloo" if cpu and deepspeed_choice(contender) != "none" else None,
     )
 
 
@@ -338,6 +348,8 @@ def worker(
     profile_steps: tuple[int, ...] = (),
     num_processes: int = 1,
     tensor_parallel_size: int = 1,
+    generate_only: int = 0,
+    no_grad_tokens: int | None = None,
 ) -> None:
     import torch
     from datasets import Dataset
@@ -382,7 +394,14 @@ def worker(
             max_model_len=config["max_model_len"],
             offload_trainer_state=contender.endswith("-offload"),
         )
-        trainer = ColocGRPOTrainer(**kwargs, generation_settings=settings)
+        extra = {} if no_grad_tokens is None else {"no_grad_tokens": no_grad_tokens}
+        trainer = ColocGRPOTrainer(**kwargs, generation_settings=settings, **extra)
+    if generate_only:
+        result = generate_only_run(trainer, rows, config, generate_only, cuda, contender.startswith("trl-"))
+        result.update(contender=contender, gpu_memory_utilization=util, size=size)
+        if int(os.environ.get("RANK", "0")) == 0:
+            (out / "result.json").write_text(json.dumps(result, indent=2))
+        return
 
     times: list[float] = []
     peaks: list[int] = []
@@ -465,6 +484,102 @@ def worker(
         (out / "result.json").write_text(json.dumps(result, indent=2))
 
 
+def generate_only_run(trainer, rows: list[dict], config: dict, repetitions: int, cuda: bool, trl: bool) -> dict:
+    """One generation batch as the training run makes it (per_device_train_batch_size x
+    steps_per_generation sequences: prompts each `num_generations` times, the trainer's own sampling
+    parameters from the shared GRPOConfig) through the trainer's engine, 1 + `repetitions` times with
+    no training between: the whole call (wake, push, generate, sleep as the trainer does them) and
+    vLLM's `generate` alone. The first call is reported apart (the first push)."""
+    import torch
+
+    tokenizer = trainer.processing_class
+    sequences = config["per_device_train_batch_size"] * config["steps_per_generation"]
+    prompts = []
+    for row in rows[: sequences // config["num_generations"]]:
+        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    batch = [p for p in prompts for _ in range(config["num_generations"])]  # as TRL repeats them
+    engine = trainer.vllm_generation
+    timers = time_trl_vllm(trainer) if trl else None
+
+    def generate_seconds() -> float:
+        return timers["generate_seconds"] if timers is not None else engine.generate_seconds
+
+    calls, generates, completion_tokens = [], [], []
+    for _ in range(repetitions + 1):
+        if cuda:
+            torch.cuda.synchronize()
+        before = generate_seconds()
+        start = time.perf_counter()
+        _, completions, _, _ = engine.generate(batch, None, config["num_generations"])
+        if cuda:
+            torch.cuda.synchronize()
+        calls.append(time.perf_counter() - start)
+        generates.append(generate_seconds() - before)
+        completion_tokens.append(sum(len(c) for c in completions))
+    return {
+        "mode": "generate-only",
+        "sequences": len(batch),
+        "repetitions": repetitions,
+        "call_seconds": calls,
+        "generate_seconds": generates,
+        "completion_tokens": completion_tokens,
+        "median_call_s": statistics.median(calls[1:]) if repetitions else calls[0],
+        "median_generate_s": statistics.median(generates[1:]) if repetitions else generates[0],
+        "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainer.model.parameters()),
+    }
+
+
+def host_info(repo: Path = REPO) -> dict:
+    """What the step times depend on besides our code: the host CPU (these steps are CPU-bound), the
+    GPU and its driver, and the commit measured."""
+    import platform
+    import subprocess
+
+    info: dict = {"hostname": platform.node(), "cpu_count": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info.setdefault("cpu_model", platform.processor() or "unknown")
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        info["gpu"] = gpu.stdout.strip().splitlines()[0] if gpu.returncode == 0 and gpu.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        info["gpu"] = None
+    commit = os.environ.get("COLOCGRPO_COMMIT")
+    if not commit:
+        try:
+            git = subprocess.run(
+                ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+            )
+            commit = git.stdout.strip() if git.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    info["commit"] = commit or "unknown"
+    return info
+
+
+def pair_order(pair: list[str], index: int) -> list[str]:
+    """The headline pair in run order: as given for an even `index`, reversed for an odd one, so that
+    consecutive runs (index 0, 1, 2, ...) alternate which contender meets the machine first."""
+    return list(pair) if index % 2 == 0 else list(reversed(pair))
+
+
+def incomplete(results: list[dict]) -> list[str]:
+    """Contenders that did not give a measurement: a run with any of them is not a result."""
+    done = "median_call_s" if any(r.get("mode") == "generate-only" for r in results) else "median_s_per_step"
+    return [f"{r['contender']}: {r.get('status', 'failed')}" for r in results if done not in r]
+
+
 # ---------------------------------------------------------------- machine floor
 def measure_machine() -> dict:
     import torch
@@ -520,8 +635,10 @@ def write_report(
     size: str = "small",
     model: dict | None = None,
     shape: dict | None = None,
+    run: dict | None = None,
 ) -> list[str]:
     config = SIZES[size]
+    run = run or {}
     shape = shape or {"num_processes": 1, "tensor_parallel_size": 1}
     params = next((r["params"] for r in results if "params" in r), 0)
     floor = floor_seconds(machine, params, config) if machine.get("hbm_bytes_per_s") and params else {}
@@ -532,16 +649,25 @@ def write_report(
         "config": {**config, "warmup_steps": warmup, "measured_steps": measured},
         "machine": machine,
         "floor": floor,
+        **run,
+        "incomplete": incomplete(results),
         "results": results,
     }
     (out / "bench.json").write_text(json.dumps(summary, indent=2))
+    host = run.get("host", {})
     lines = [
-        f"{shape['num_processes']} process(es), vLLM TP {shape['tensor_parallel_size']}",
+        f"{shape['num_processes']} process(es), vLLM TP {shape['tensor_parallel_size']}; "
+        f"host CPU {host.get('cpu_model', '?')} ({host.get('cpu_count', '?')} cores), GPU {host.get('gpu', '?')}, "
+        f"commit {str(host.get('commit', '?'))[:12]}"
+        + (f"; pair {','.join(run['pair'])} index {run['pair_index']}" if run.get("pair") else ""),
         "",
         "| contender | DeepSpeed file | util | median s/step | mean s/step | peak device GiB (sampled) "
         "| push s | sleep s | wake s | generate s | offload s | logp diff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if run.get("generate_only"):
+        lines[2:] = generate_only_table(results)
+        results = []
     for r in results:
         if "median_s_per_step" not in r:
             lines.append(
@@ -574,7 +700,27 @@ def write_report(
             f"on {machine['device']} "
             f"({machine['hbm_bytes_per_s'] / 1e12:.2f} TB/s, {machine['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s bf16)"
         )
+    lines += [f"\nNOT MEASURED: {line}" for line in summary["incomplete"]]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def generate_only_table(results: list[dict]) -> list[str]:
+    lines = [
+        "| contender | DeepSpeed file | util | sequences | median whole call s | median vLLM generate s "
+        "| first call s | every generate s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "median_call_s" not in r:
+            lines.append(f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | | | {r.get('status')} | | | |")
+            continue
+        lines.append(
+            f"| {r['contender']} | {deepspeed_file_key(r['contender'])} | {r.get('gpu_memory_utilization')} "
+            f"| {r['sequences']} | {r['median_call_s']:.3f} | {r['median_generate_s']:.3f} "
+            f"| {r['call_seconds'][0]:.3f} "
+            f"| {', '.join(f'{t:.3f}' for t in r['generate_seconds'])} |"
+        )
     return lines
 
 
@@ -639,6 +785,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="large size: utilizations to try, highest first (default: from the memory plan)",
     )
+    parser.add_argument(
+        "--pair",
+        default=None,
+        type=lambda v: [check_contender(c) for c in v.split(",") if c],
+        help="the headline pair A,B (instead of --contenders), in the order --pair-index gives",
+    )
+    parser.add_argument(
+        "--pair-index",
+        type=int,
+        default=0,
+        help="this run's number in a series of pairs: even runs A first, odd runs B first",
+    )
+    parser.add_argument(
+        "--generate-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no training: the same generation batch through each contender's engine 1 + N times",
+    )
+    parser.add_argument(
+        "--no-grad-tokens",
+        type=int,
+        default=None,
+        help="our contenders: tokens per no-grad forward (0: TRL's chunking; default: the trainer's)",
+    )
     parser.add_argument("--warmup-steps", type=int, default=None)
     parser.add_argument("--measured-steps", type=int, default=None)
     parser.add_argument("--budget-seconds", type=float, default=480.0, help="start no contender past this")
@@ -660,8 +831,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config = SIZES[args.size]
     args.warmup_steps = config["warmup_steps"] if args.warmup_steps is None else args.warmup_steps
     args.measured_steps = config["measured_steps"] if args.measured_steps is None else args.measured_steps
+    if args.pair is not None:
+        if len(args.pair) != 2 or args.contenders is not None:
+            parser.error("--pair takes exactly two contenders A,B, and no --contenders")
+        if args.pair_index < 0:
+            parser.error("--pair-index must be >= 0")
+        args.contenders = pair_order(args.pair, args.pair_index)
     if args.contenders is None:
         args.contenders = (DEFAULT_CONTENDERS if args.size == "small" else DEFAULT_LARGE_CONTENDERS).split(",")
+    if args.generate_only < 0:
+        parser.error("--generate-only must be >= 0")
     if args.warmup_steps < 0 or args.measured_steps < 1:
         parser.error("--warmup-steps must be >= 0 and --measured-steps >= 1")
     if args.num_processes < 1 or args.tp < 1 or args.num_processes % args.tp:
@@ -691,6 +870,8 @@ def main(argv: list[str] | None = None) -> int:
             profile_steps=profile_steps,
             num_processes=args.num_processes,
             tensor_parallel_size=args.tp,
+            generate_only=args.generate_only,
+            no_grad_tokens=args.no_grad_tokens,
         )
         return 0
     if args.measure_machine:
@@ -777,6 +958,14 @@ def main(argv: list[str] | None = None) -> int:
         deepspeed_files[choice].write_text(json.dumps(config, indent=2))
     results: list[dict] = []
     last_wall = 100.0  # a first guess of one contender's wall time, then the last one's
+    run_info = {
+        "host": host_info(),
+        "contenders_in_run_order": list(args.contenders),
+        "pair": args.pair,
+        "pair_index": args.pair_index if args.pair else None,
+        "generate_only": args.generate_only,
+        "no_grad_tokens": args.no_grad_tokens,
+    }
 
     def report() -> list[str]:
         return write_report(
@@ -788,6 +977,7 @@ def main(argv: list[str] | None = None) -> int:
             args.size,
             model_info,
             {"num_processes": args.num_processes, "tensor_parallel_size": args.tp},
+            run_info,
         )
 
     for contender in args.contenders:
@@ -803,16 +993,24 @@ def main(argv: list[str] | None = None) -> int:
                 break
             work = out / (contender if util is None else f"{contender}-util{util}")
             work.mkdir(parents=True, exist_ok=True)
+            key = deepspeed_file_key(contender)
+            launcher = (
+                []  # plain accelerate: no DeepSpeed
+                if key == "none"
+                else [
+                    "--use_deepspeed",
+                    "--deepspeed_config_file",
+                    str(deepspeed_files[key]),
+                    "--zero3_init_flag",
+                    "true",
+                ]
+            )
             cmd = (
                 [
                     sys.executable,
                     "-m",
                     "accelerate.commands.launch",
-                    "--use_deepspeed",
-                    "--deepspeed_config_file",
-                    str(deepspeed_files[deepspeed_file_key(contender)]),
-                    "--zero3_init_flag",
-                    "true",
+                    *launcher,
                     "--num_processes",
                     str(args.num_processes),
                     "--mixed_precision",
@@ -840,6 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 + (["--cpu"] if args.cpu else [])
                 + ([] if util is None else ["--util", str(util)])
+                + (["--generate-only", str(args.generate_only)] if args.generate_only else [])
+                + ([] if args.no_grad_tokens is None else ["--no-grad-tokens", str(args.no_grad_tokens)])
             )
             start = time.perf_counter()
             timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))
@@ -849,11 +1049,10 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0 and (work / "result.json").exists():
                 result = json.loads((work / "result.json").read_text())
                 result["wall_s"] = wall
+                result["contender"] = contender  # the worker records it without its @file
                 result["deepspeed"] = deepspeed_file_key(contender)
-                print(
-                    f"[bench] {contender}: {result['median_s_per_step']:.3f} s/step at util {util} ({wall:.0f} s wall)",
-                    flush=True,
-                )
+                measured = result.get("median_s_per_step", result.get("median_call_s"))
+                print(f"[bench] {contender}: {measured:.3f} s at util {util} ({wall:.0f} s wall)", flush=True)
                 break
             tail = (work / "stderr.log").read_text(errors="replace")[-3000:]
             status = f"timed out after {timeout:.0f} s" if timed_out else f"failed (rc {code})"
@@ -881,11 +1080,12 @@ def main(argv: list[str] | None = None) -> int:
         report()
     lines = report()
     print("\n".join(lines))
-    return (
-        0
-        if results and all("median_s_per_step" in r or r.get("status", "").startswith("skipped") for r in results)
-        else 1
-    )
+    missing = incomplete(results)
+    if missing or not results:
+        # A run that skipped a contender (time budget, out of memory) or lost one is no comparison.
+        print(f"[bench] INCOMPLETE: {'; '.join(missing) or 'no contender ran'}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""The GRPO pair bench cannot report a partial run as a result, alternates its pair's order, records
+the host, and the pair table reports every pair against TRL's best measured configuration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import grpo_step, pair_table
+
+
+def test_pair_order_alternates_with_the_index():
+    pair = ["ours-auto", "trl-sleep"]
+    assert [grpo_step.pair_order(pair, k) for k in range(3)] == [pair, pair[::-1], pair]
+    args = grpo_step.parse_args(["--out", "x", "--pair", "ours-auto,trl-sleep@product", "--pair-index", "3"])
+    assert args.contenders == ["trl-sleep@product", "ours-auto"]
+    with pytest.raises(SystemExit):
+        grpo_step.parse_args(["--out", "x", "--pair", "ours-auto"])
+
+
+def test_trl_without_deepspeed_is_a_contender():
+    assert grpo_step.check_contender("trl-sleep@none") == "trl-sleep@none"
+    assert grpo_step.deepspeed_file_key("trl-sleep@none") == "none"
+    kwargs = grpo_step.grpo_kwargs("trl-sleep@none", Path("out"), 3, cpu=True, config=grpo_step.SIZES["cpu"])
+    assert kwargs["ddp_backend"] is None and kwargs["vllm_enable_sleep_mode"] is False  # name has @: not "trl-sleep"
+
+
+@pytest.fixture
+def fake_bench(monkeypatch, tmp_path):
+    """grpo_step.main with every contender's launch replaced: `outcomes` says what each one does."""
+    monkeypatch.setattr(grpo_step, "MODEL", str(tmp_path))
+    monkeypatch.setattr(grpo_step, "install_stop_handlers", lambda: None)
+    outcomes: dict[str, str] = {}
+    launched: list[str] = []
+
+    def run_child(cmd, env, work, timeout):
+        contender = cmd[cmd.index("--worker") + 1]
+        launched.append(contender)
+        (work / "stderr.log").write_text("the child's log\n")
+        if outcomes[contender] == "timeout":
+            return 124, True
+        (work / "result.json").write_text(
+            json.dumps(
+                {
+                    "contender": contender.partition("@")[0],
+                    "median_s_per_step": 1.0,
+                    "warmup_steps": 1,
+                    "step_times": [1.0, 1.0],
+                    "breakdown_total_seconds": {},
+                    "params": 10,
+                }
+            )
+        )
+        return 0, False
+
+    monkeypatch.setattr(grpo_step, "run_child", run_child)
+    return outcomes, launched
+
+
+def test_a_contender_that_timed_out_fails_the_run(fake_bench, tmp_path):
+    outcomes, launched = fake_bench
+    outcomes.update({"ours-auto": "ok", "trl-sleep@product": "timeout"})
+    out = tmp_path / "out"
+    code = grpo_step.main(
+        ["--out", str(out), "--cpu", "--size", "cpu", "--pair", "ours-auto,trl-sleep@product", "--pair-index", "1"]
+    )
+    assert code == 1 and launched == ["trl-sleep@product", "ours-auto"]
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["incomplete"] == ["trl-sleep@product: timed out after 200 s"]
+    assert (bench["pair"], bench["pair_index"]) == (["ours-auto", "trl-sleep@product"], 1)
+    assert bench["contenders_in_run_order"] == ["trl-sleep@product", "ours-auto"]
+    assert {"cpu_model", "gpu", "commit", "hostname"} <= set(bench["host"])
+    assert bench["results"][1]["contender"] == "ours-auto"
+    assert "NOT MEASURED: trl-sleep@product: timed out" in (out / "bench.md").read_text()
+
+
+def test_a_contender_skipped_for_time_fails_the_run(fake_bench, tmp_path):
+    outcomes, launched = fake_bench
+    outcomes.update({"ours-auto": "ok", "trl-sleep": "ok"})
+    code = grpo_step.main(
+        [
+            "--out",
+            str(tmp_path / "out"),
+            "--cpu",
+            "--size",
+            "cpu",
+            "--contenders",
+            "ours-auto,trl-sleep",
+            "--budget-seconds",
+            "0",
+        ]
+    )
+    assert code == 1 and launched == []
+    bench = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert bench["incomplete"] == ["ours-auto: skipped (time budget)", "trl-sleep: skipped (time budget)"]
+
+
+def test_a_complete_pair_passes(fake_bench, tmp_path):
+    outcomes, _ = fake_bench
+    outcomes.update({"ours-auto": "ok", "trl-sleep": "ok"})
+    code = grpo_step.main(["--out", str(tmp_path / "out"), "--cpu", "--size", "cpu", "--pair", "ours-auto,trl-sleep"])
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "bench.json").read_text())["results"]
+    assert [r["contender"] for r in results] == ["ours-auto", "trl-sleep"]
+
+
+def run_file(path: Path, index: int, machine: str, trl: str, ours_s: float, trl_s: float, incomplete=()) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "pair_index": index,
+                "contenders_in_run_order": ["ours-auto", trl] if index % 2 == 0 else [trl, "ours-auto"],
+                "host": {"hostname": machine, "cpu_model": f"cpu of {machine}", "gpu": "H200", "commit": "abc"},
+                "floor": {"floor_s_per_step": 0.5},
+                "incomplete": list(incomplete),
+                "results": [
+                    {"contender": "ours-auto", "median_s_per_step": ours_s},
+                    {"contender": trl, "median_s_per_step": trl_s},
+                ],
+            }
+        )
+    )
+    return path
+
+
+def test_the_pair_table_reports_every_pair_and_trls_best(tmp_path, capsys):
+    files = [
+        run_file(tmp_path / "a.json", 0, "m1", "trl-sleep", 2.0, 5.0),
+        run_file(tmp_path / "b.json", 1, "m1", "trl-sleep", 2.0, 4.0),
+        run_file(tmp_path / "c.json", 2, "m2", "trl-sleep", 2.0, 8.0),
+        run_file(tmp_path / "d.json", 0, "m2", "trl-sleep@product", 2.0, 3.0),
+        run_file(tmp_path / "e.json", 0, "m2", "trl-sleep@none", 2.0, 2.5),
+    ]
+    assert pair_table.main([str(f) for f in files] + ["--json", str(tmp_path / "t.json")]) == 0
+    summary = json.loads((tmp_path / "t.json").read_text())
+    plain = summary["configurations"]["plain"]
+    assert plain["pairs"] == 3 and plain["ratio_median"] == pytest.approx(0.4)
+    assert (plain["ratio_min"], plain["ratio_max"]) == (pytest.approx(0.25), pytest.approx(0.5))
+    assert plain["machines"] == {"m1": pytest.approx((0.4 + 0.5) / 2), "m2": pytest.approx(0.25)}
+    # Product's TRL median (3.0) beats plain's (5.0); no DeepSpeed (2.5) is faster still, yet only a reference.
+    assert summary["trl_best"] == "product"
+    out = capsys.readouterr().out
+    assert "| a.json | 0 | ours-auto,trl-sleep | m1 | cpu of m1 |" in out  # every pair, in its run order
+    assert "| b.json | 1 | trl-sleep,ours-auto | m1 |" in out
+    assert out.count(".json | ") == 5
+    assert "ours ÷ floor: 4.000 (4.000–4.000, 5 pairs)" in out
+
+
+def test_an_incomplete_run_is_listed_and_fails_the_table(tmp_path, capsys):
+    files = [
+        run_file(tmp_path / "a.json", 0, "m1", "trl-sleep", 2.0, 5.0),
+        run_file(tmp_path / "b.json", 1, "m1", "trl-sleep", 2.0, 4.0, incomplete=["trl-sleep: skipped (time budget)"]),
+    ]
+    assert pair_table.main([str(f) for f in files]) == 1
+    out = capsys.readouterr().out
+    assert "LEFT OUT: b.json: incomplete (trl-sleep: skipped (time budget))" in out
+    assert "1 pairs" in out
