@@ -7,6 +7,8 @@
 #   PARTS=bench bash tests/gpu/drivers/run_on_device.sh              # full benchmark (≤ 9 min)
 #   PARTS=push,bench ...                                     # + the push-source check (~1 min)
 #   PARTS=bench-large bash tests/gpu/drivers/run_on_device.sh        # the ~7B comparison (≤ 9 min)
+#   PARTS=pair PAIR=ours-auto,trl-sleep PAIR_INDEX=K bash ...        # one ~7B headline pair, order from K (≤ 9 min)
+#   PARTS=gen-compare bash tests/gpu/drivers/run_on_device.sh        # ~7B generate-only, both trainers (≤ 9 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
 # Trainer-state offload and the ZeRO-3 gather path, one call each (each ≤ 9 min alone):
@@ -29,6 +31,7 @@
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
 #   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
 #   integrity.log learning.log bench.log   each part's console output (tail-capped)
+#   pair-K.json        PARTS=pair: that run's bench.json (for bench/pair_table.py)
 # Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for bench/grpo_step.py
 # (e.g. LEARN_ARGS="--steps 60", BENCH_ARGS="--contenders trl-sleep,ours-auto").
 # Work files live in $WORK (default /tmp/gpu-work). Every part has a hard time limit and the
@@ -211,6 +214,29 @@ if [[ ",$PARTS," == *",bench-large,"* ]]; then
     ${BENCH_LARGE_CONTENDERS:+--contenders "$BENCH_LARGE_CONTENDERS"} --budget-seconds $(( left - 200 )) \
     --contender-timeout "${BENCH_LARGE_TIMEOUT:-260}" ${BENCH_LARGE_ARGS:-}
   [[ -f "$WORK/bench-large/bench.md" ]] && cat "$WORK/bench-large/bench.md" >>"$SUMMARY"
+fi
+
+if [[ ",$PARTS," == *",pair,"* ]]; then
+  # One headline pair at the large size: PAIR=A,B in the order PAIR_INDEX gives (even: A first, odd:
+  # B first); a contender skipped, failed or timed out makes the part fail. bench/pair_table.py
+  # aggregates the bench.json of several such runs.
+  left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
+  large=(--size large); [[ "$CPU" == 1 ]] && large=(--cpu --size cpu)
+  run_part pair $(( left + 20 )) "$PY" -m bench.grpo_step "${large[@]}" --out "$WORK/pair" \
+    --pair "${PAIR:-ours-auto,trl-sleep}" --pair-index "${PAIR_INDEX:-0}" --budget-seconds $(( left - 200 )) \
+    --contender-timeout "${PAIR_TIMEOUT:-260}" "${SHAPE_ARGS[@]}" ${PAIR_ARGS:-}
+  [[ -f "$WORK/pair/bench.md" ]] && cat "$WORK/pair/bench.md" >>"$SUMMARY"
+  [[ -f "$WORK/pair/bench.json" ]] && cp "$WORK/pair/bench.json" "$OUT/pair-${PAIR_INDEX:-0}.json"
+fi
+if [[ ",$PARTS," == *",gen-compare,"* ]]; then
+  # Generate-only at the large size: one generation batch (128 sequences) through each trainer's engine 1 + GEN_REPS
+  # times, no training (explains generate-time differences between the trainers' runs).
+  left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
+  large=(--size large); [[ "$CPU" == 1 ]] && large=(--cpu --size cpu)
+  run_part gen-compare $(( left + 20 )) "$PY" -m bench.grpo_step "${large[@]}" --out "$WORK/gen-compare" \
+    --contenders "${GEN_CONTENDERS:-ours-auto,trl-sleep}" --generate-only "${GEN_REPS:-8}" \
+    --budget-seconds $(( left - 150 )) --contender-timeout "${GEN_TIMEOUT:-200}" "${SHAPE_ARGS[@]}" ${GEN_ARGS:-}
+  [[ -f "$WORK/gen-compare/bench.md" ]] && cat "$WORK/gen-compare/bench.md" >>"$SUMMARY"
 fi
 
 # -- trainer-state offload and the ZeRO-3 gather path: one call each (each part fits 560 s alone) --
