@@ -249,7 +249,7 @@ def grpo_kwargs(
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=util,
         vllm_max_model_length=config["max_model_len"],
-        vllm_enable_sleep_mode=contender == "trl-sleep",
+        vllm_enable_sleep_mode=contender.partition("@")[0] == "trl-sleep",
         vllm_tensor_parallel_size=tensor_parallel_size,
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
         # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process);

@@ -24,7 +24,14 @@ def test_trl_without_deepspeed_is_a_contender():
     assert grpo_step.check_contender("trl-sleep@none") == "trl-sleep@none"
     assert grpo_step.deepspeed_file_key("trl-sleep@none") == "none"
     kwargs = grpo_step.grpo_kwargs("trl-sleep@none", Path("out"), 3, cpu=True, config=grpo_step.SIZES["cpu"])
-    assert kwargs["ddp_backend"] is None and kwargs["vllm_enable_sleep_mode"] is False  # name has @: not "trl-sleep"
+    assert kwargs["ddp_backend"] is None
+
+
+@pytest.mark.parametrize("contender", ["trl-sleep", "trl-sleep@plain", "trl-sleep@product", "trl-sleep@none"])
+def test_trl_sleep_sleeps_under_every_deepspeed_file(contender):
+    kwargs = grpo_step.grpo_kwargs(contender, Path("out"), 3, config=grpo_step.SIZES["large"], util=0.17)
+    assert kwargs["vllm_enable_sleep_mode"] is True
+    assert grpo_step.grpo_kwargs("trl-nosleep@product", Path("out"), 3)["vllm_enable_sleep_mode"] is False
 
 
 @pytest.fixture
