@@ -108,6 +108,7 @@ def test_cluster_wide_identity_can_do_its_work(cluster_wide, kube_cluster, names
         ("create", "rolebindings.rbac.authorization.k8s.io", "-n", namespace),
         ("delete", "pods", "-n", namespace),
         ("create", "events", "-n", namespace),
+        ("list", "events", "-n", namespace),  # the Job controller's FailedCreate Events
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
     ]:
         assert can_i(kube_cluster, sa, *args), f"the operator cannot {' '.join(args)}"

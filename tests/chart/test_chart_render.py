@@ -255,7 +255,7 @@ NAMESPACED_RULES = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("", "pods"): {"get", "list", "watch", "delete"},
-    ("", "events"): {"create", "patch"},
+    ("", "events"): {"create", "patch", "list"},  # list: why a Job's pods cannot be created
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # read-only: why a queued job waits
 }
