@@ -18,6 +18,7 @@ from colocgrpo_operator.controller.objects import format_time
 from colocgrpo_operator.controller.record import Outcome, Record
 from colocgrpo_operator.controller.status import Action, Assessment, RunFacts, invalid_spec_status, remaining_deadline
 from colocgrpo_operator.controller.status import assess as derive
+from colocgrpo_operator.controller.workers import creation_refusal
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 JOB_UID = "job-uid-1"
@@ -188,6 +189,106 @@ def test_unschedulable_outranks_image_pull():
 def test_crash_loop_is_reported():
     result = assess(FACTS, batch_job(), [pod(0, "Running", waiting="CrashLoopBackOff"), pod(1)], None, NOW)
     assert cond(result.status, "Running")["reason"] == "CrashLoopBackOff"
+
+
+REFUSAL = (
+    'Error creating: pods "demo-1-abcde" is forbidden: violates PodSecurity "restricted:latest": '
+    'runAsNonRoot != true (pod or container "trainer" must set securityContext.runAsNonRoot=true)'
+)
+
+
+def refuse(job, pods, previous=None, now=NOW, refusal=REFUSAL, facts=FACTS):
+    """The reconcile that looked the Job's FailedCreate Events up and found `refusal`."""
+    return derive(facts, job, pods, Record(), previous, now, creation_refusal=refusal)
+
+
+def test_missing_pods_ask_why_and_report_the_job_controllers_refusal():
+    job = batch_job()  # started 4 minutes before NOW
+    plain = assess(FACTS, job, [pod(0)], None, NOW)
+    # Without the Events' answer nothing is invented; the lookup is asked for.
+    assert plain.check_pod_creation and cond(plain.status, "Running")["reason"] == "WaitingForPods"
+    result = refuse(job, [pod(0)])
+    assert result.phase == "Starting" and result.action is Action.NONE  # it can recover: never Failed
+    running = cond(result.status, "Running")
+    assert running["status"] == "False" and running["reason"] == "PodCreationFailed"
+    assert running["message"].startswith("1/2 workers created; the Job controller cannot create the others: ")
+    assert "violates PodSecurity" in running["message"] and "violates PodSecurity" in result.status["message"]
+    assert cond(result.status, "Failed")["status"] == "False"
+    # No pod at all: the same.
+    assert cond(refuse(job, []).status, "Running")["message"].startswith("0/2 workers created;")
+
+
+def test_a_pod_that_cannot_be_created_outranks_how_the_others_wait():
+    stuck = pod(
+        0,
+        "Pending",
+        node=None,
+        conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no gpus"}],
+    )
+    assert cond(refuse(batch_job(), [stuck]).status, "Running")["reason"] == "PodCreationFailed"
+
+
+@pytest.mark.parametrize(
+    ("job", "pods"),
+    [
+        (batch_job(start="2026-01-02T03:04:02Z"), []),  # started 3 s ago: pods come within the grace period
+        (batch_job(start=None), []),  # the Job controller has not started it yet
+        (batch_job(), [pod(0, "Pending", waiting="ContainerCreating"), pod(1)]),  # every pod exists
+        (batch_job(), [pod(0, "Succeeded"), pod(1, "Pending", waiting="ContainerCreating")]),
+    ],
+)
+def test_no_lookup_and_no_refusal_unless_pods_are_missing_past_the_grace_period(job, pods):
+    assert not assess(FACTS, job, pods, None, NOW).check_pod_creation
+    # An answer given anyway (a stale Event) changes nothing.
+    assert cond(refuse(job, pods).status, "Running")["reason"] != "PodCreationFailed"
+
+
+def test_suspended_queued_and_running_jobs_never_ask():
+    assert not assess(FACTS, batch_job(suspend=True), [], None, NOW).check_pod_creation
+    assert not assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW).check_pod_creation
+    assert not assess(FACTS, None, [], None, NOW).check_pod_creation
+
+
+def test_the_refusal_clears_once_the_pods_are_created():
+    refused = refuse(batch_job(), [])
+    later = NOW + timedelta(seconds=30)
+    created = derive(
+        FACTS,
+        batch_job(),
+        [pod(0, "Pending", waiting="ContainerCreating"), pod(1)],
+        refused.record,
+        refused.status,
+        later,
+    )
+    running = cond(created.status, "Running")
+    assert created.phase == "Starting" and running["reason"] == "ContainerCreating"
+    assert "cannot create" not in created.status["message"]
+    # Running stayed False throughout, so its transition time is the first one's.
+    assert running["lastTransitionTime"] == cond(refused.status, "Running")["lastTransitionTime"]
+    running_now = derive(FACTS, batch_job(), [pod(0), pod(1)], created.record, created.status, later)
+    assert running_now.phase == "Running"
+
+
+def _event(message, uid=JOB_UID, reason="FailedCreate", last="2026-01-02T03:01:00Z", **extra):
+    return {"reason": reason, "message": message, "involvedObject": {"uid": uid}, "lastTimestamp": last, **extra}
+
+
+def test_the_newest_failed_create_event_of_the_job_is_the_refusal():
+    events = [
+        _event("old quota refusal", last="2026-01-02T03:00:00Z"),
+        _event("(combined from similar events): newest PodSecurity refusal", last="2026-01-02T03:03:00Z"),
+        _event("another Job's refusal", uid="other", last="2026-01-02T03:04:00Z"),
+        _event("created pod", reason="SuccessfulCreate", last="2026-01-02T03:04:00Z"),
+        # The events.k8s.io shape: no lastTimestamp, the series says when it last happened.
+        _event("series refusal", last=None, series={"lastObservedTime": "2026-01-02T03:02:00.123456Z"}),
+        "not an event",
+        _event(None, last="2026-01-02T03:04:00Z"),
+    ]
+    assert creation_refusal(events, JOB_UID) == "newest PodSecurity refusal"
+    assert creation_refusal(events[4:5], JOB_UID) == "series refusal"
+    assert creation_refusal(events, "unknown-uid") is None
+    assert creation_refusal([], JOB_UID) is None and creation_refusal(events, None) is None
+    assert len(creation_refusal([_event("x" * 5000)], JOB_UID) or "") == 2000
 
 
 def test_success():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import copy
+import logging
 from datetime import UTC
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +17,7 @@ from rich.console import Console
 
 from colocgrpo_operator.cli.logs import pick_pod
 from colocgrpo_operator.cli.watch import render_view
+from colocgrpo_operator.controller.kube import KubeApiError
 from colocgrpo_operator.controller.reconciler import ParsedSpec, Reconciler, _status_patch
 from colocgrpo_operator.controller.snapshots import (
     all_views,
@@ -127,6 +132,40 @@ def test_rendered_children_are_adopted_and_namespaced():
         assert child["metadata"]["labels"]["colocgrpo.io/job-name"] == "tiny-cpu"
         (owner,) = child["metadata"]["ownerReferences"]
         assert owner["uid"] == "uid-1" and owner["controller"] is True
+
+
+class _EventsKube:
+    """Answers the FailedCreate lookup with `answer`: a list of Events, or a KubeApiError to raise."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.asked: list[tuple[str, str]] = []
+
+    def failed_create_events(self, namespace, uid):
+        self.asked.append((namespace, uid))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_creation_refusal_lookup_reads_the_jobs_events_and_survives_missing_rbac(caplog):
+    event = {"reason": "FailedCreate", "message": "exceeded quota: q", "involvedObject": {"uid": "job-1"}}
+
+    async def lookups(kube, times=1):
+        with concurrent.futures.ThreadPoolExecutor(1) as executor:
+            reconciler = Reconciler(kube, None, executor, logging.getLogger("test-refusal"))
+            return [await reconciler._creation_refusal(("ns", "demo"), "job-1") for _ in range(times)]
+
+    kube = _EventsKube([event])
+    assert asyncio.run(lookups(kube)) == ["exceeded quota: q"] and kube.asked == [("ns", "job-1")]
+    # Without `list events` the job only loses its explanation, with one warning for the operator's log.
+    with caplog.at_level(logging.WARNING, "test-refusal"):
+        assert asyncio.run(lookups(_EventsKube(KubeApiError(403, "Forbidden")), times=3)) == [None] * 3
+    assert len([r for r in caplog.records if "cannot list" in r.getMessage()]) == 1
+    # Any other error fails the reconcile (retried like every API error).
+    with pytest.raises(KubeApiError) as raised:
+        asyncio.run(lookups(_EventsKube(KubeApiError(500, "Internal Server Error"))))
+    assert raised.value.status == 500
 
 
 def test_status_patch_nulls_removed_keys_and_never_touches_progress():

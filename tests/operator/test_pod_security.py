@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from colocgrpo_operator.devcluster import drive_pod_success
-from support.operator_harness import tiny_job, wait_for
+from support.operator_harness import condition, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -27,10 +27,10 @@ def _enforce(kube_cluster, namespace: str, level: str) -> None:
     )
 
 
-def _job_phase(cluster, namespace: str, name: str, wanted: str, operator) -> dict:
+def _job_phase(cluster, namespace: str, name: str, wanted: str, operator, timeout: float = 60) -> dict:
     return wait_for(
         lambda: (obj := cluster.get_job(namespace, name)) and (obj.get("status") or {}).get("phase") == wanted and obj,
-        60,
+        timeout,
         f"{namespace}/{name} {wanted}",
         on_timeout=lambda: f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n{operator.log_tail()}",
     )
@@ -74,6 +74,58 @@ def test_default_trainer_pods_pass_the_restricted_level(cluster, kube_cluster, o
     drive_pod_success(kube_cluster.core_v1, ns, running["status"]["rank0Pod"])
     _job_phase(cluster, ns, "locked", "Succeeded", operator)
     assert _pod_security_refusals(cluster, ns, "locked") == []
+
+
+def _running(cluster, namespace: str, name: str) -> dict:
+    return condition(cluster.get_job(namespace, name), "Running")
+
+
+def _job_events(cluster, namespace: str, name: str, reason: str) -> list[dict]:
+    return [
+        event
+        for event in cluster.events(namespace)
+        if event.get("reason") == reason
+        and (event.get("involvedObject") or {}).get("kind") == "ColocGRPOJob"
+        and (event.get("involvedObject") or {}).get("name") == name
+    ]
+
+
+def test_a_refused_pod_is_reported_and_the_job_recovers_once_admitted(cluster, kube_cluster, operator, op_namespace):
+    ns = op_namespace
+    _enforce(kube_cluster, ns, "restricted")
+    cluster.create_job(ns, tiny_job("rooted", podTemplate=BASELINE))
+
+    # The Job controller's refusal reaches the job's status, in the API server's words.
+    refused = wait_for(
+        lambda: (running := _running(cluster, ns, "rooted")).get("reason") == "PodCreationFailed" and running,
+        60,
+        "the Running condition to say PodCreationFailed",
+        on_timeout=lambda: f"{(cluster.get_job(ns, 'rooted') or {}).get('status')}\n{operator.log_tail()}",
+    )
+    assert refused["status"] == "False"
+    assert "violates PodSecurity" in refused["message"] and "restricted:latest" in refused["message"], refused
+    assert refused["message"].startswith("0/1 workers created; the Job controller cannot create the others: ")
+    status = cluster.get_job(ns, "rooted")["status"]
+    assert status["phase"] == "Starting" and "violates PodSecurity" in status["message"]  # it can recover
+    assert condition(cluster.get_job(ns, "rooted"), "Failed")["status"] == "False"
+    wide = kube_cluster.kubectl("get", "colocgrpojobs", "rooted", "-n", ns, "-o", "wide", "--no-headers").stdout
+    assert "PodCreationFailed" in wide.split() and "Starting" in wide.split(), wide
+    warning = wait_for(
+        lambda: _job_events(cluster, ns, "rooted", "PodCreationFailed"), 30, "a PodCreationFailed Event on the job"
+    )
+    assert warning[0]["type"] == "Warning" and "violates PodSecurity" in warning[0]["message"]
+    assert cluster.pods(ns, "rooted") == []
+
+    # Once the namespace admits baseline pods, the Job controller's next retry creates the pod (its backoff
+    # doubles from 1 s to at most 60 s) and the job runs.
+    _enforce(kube_cluster, ns, "baseline")
+    running = _job_phase(cluster, ns, "rooted", "Running", operator, timeout=120)
+    assert condition(running, "Running")["reason"] == "AllWorkersRunning"
+    assert "cannot create" not in running["status"]["message"]
+    # Announced once, though the refusal stood through many re-checks.
+    assert len(_job_events(cluster, ns, "rooted", "PodCreationFailed")) == 1
+    drive_pod_success(kube_cluster.core_v1, ns, running["status"]["rank0Pod"])
+    _job_phase(cluster, ns, "rooted", "Succeeded", operator)
 
 
 def test_baseline_opt_out_runs_where_the_namespace_admits_baseline(cluster, kube_cluster, operator, op_namespace):

@@ -340,6 +340,21 @@ class KubeApi:
             raise
         return bool((current.get("metadata") or {}).get("uid") != uid)
 
+    def failed_create_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The Job controller's FailedCreate Events (core/v1) about the object `uid`: one list,
+        filtered by the API server (field selector), served from its watch cache
+        (resourceVersion=0: an Event a moment old tells as much). Raises KubeApiError."""
+        found = (
+            self.request(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/events",
+                query={"fieldSelector": f"involvedObject.uid={uid},reason=FailedCreate", "resourceVersion": "0"},
+            )
+            or {}
+        )
+        items = found.get("items")
+        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
     def namespace_terminating(self, namespace: str) -> bool:
         """Whether the namespace is being deleted (or is gone). False when that cannot be read."""
         try:

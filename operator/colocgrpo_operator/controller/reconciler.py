@@ -32,11 +32,12 @@ import kopf
 from colocgrpo_operator.api import KIND, JobSpecError, parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller import status as derive
-from colocgrpo_operator.controller.conditions import set_condition
+from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError, ObjectGone, terminating_namespace
 from colocgrpo_operator.controller.metrics import GANG_RESTARTS, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 from colocgrpo_operator.controller.record import Record, record_of
 from colocgrpo_operator.controller.snapshots import batch_job_snapshot, pack, unpack
+from colocgrpo_operator.controller.workers import creation_refusal
 
 Key = tuple[str, str]  # (namespace, name)
 # (the ColocGRPOJob, its batch Job, the Job's pods, the Kueue Workloads of Jobs of its name) as the
@@ -45,6 +46,12 @@ Inputs = tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
+# Reasons of the Running condition worth a Warning event of their own, though the phase stays.
+_WARNING_REASONS = frozenset({derive.POD_CREATION_FAILED})
+
+
+def _running_reason(status: Mapping[str, Any]) -> Any:
+    return (condition_of(dict(status), "Running") or {}).get("reason")
 
 
 # The largest spec the operator accepts. kopf keeps the last handled spec in an annotation, and a
@@ -234,6 +241,7 @@ class Reconciler:
         # The operator's own last writes per job (_Known says how they are used): deciding from
         # an index that lags behind them could count a failure twice.
         self._known: dict[Key, _Known] = {}
+        self._events_refused = False  # warned once that Events cannot be listed
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -486,9 +494,11 @@ class Reconciler:
         job_uid = (job.get("metadata") or {}).get("uid") if job is not None else None
         pods = [p for p in pods if job_uid is not None and owned_by(p, job_uid)]
 
-        def decide(batch_job: dict[str, Any] | None) -> tuple[derive.Assessment, dict[str, Any]]:
+        def decide(
+            batch_job: dict[str, Any] | None, refusal: str | None = None
+        ) -> tuple[derive.Assessment, dict[str, Any]]:
             assessment = derive.assess(
-                parsed.facts, batch_job, pods, current.record_or_empty(), previous, now, progress, workloads
+                parsed.facts, batch_job, pods, current.record_or_empty(), previous, now, progress, workloads, refusal
             )
             desired = assessment.status
             if parsed.plan_warning is not None:
@@ -502,6 +512,11 @@ class Reconciler:
             return assessment, desired
 
         assessment, desired = decide(job)
+        if assessment.check_pod_creation and job_uid is not None:
+            # The Job lacks pods past the grace period: ask the Job controller's Events why.
+            refusal = await self._creation_refusal(key, job_uid)
+            if refusal is not None:
+                assessment, desired = decide(job, refusal)
         action = assessment.action
         # Pods killed by a namespace teardown are not a gang failure: no restart, no count, and no
         # phase change written or announced into a namespace that refuses new Events. Asked only
@@ -559,6 +574,21 @@ class Reconciler:
         elif action in (derive.Action.SUSPEND_JOB, derive.Action.RESUME_JOB):
             await self._blocking(self.kube.patch_job_suspend, key[0], key[1], action is derive.Action.SUSPEND_JOB)
 
+    async def _creation_refusal(self, key: Key, job_uid: str) -> str | None:
+        """Why the Job controller cannot create the Job's pods (its newest FailedCreate Event), or
+        None. A lookup forbidden by RBAC (a role without `list events`) costs the job its
+        explanation only; any other API error fails the reconcile, to be retried like any other."""
+        try:
+            events = await self._blocking(self.kube.failed_create_events, key[0], job_uid)
+        except KubeApiError as error:
+            if error.status != 403:
+                raise
+            if not self._events_refused:
+                self._events_refused = True
+                self.logger.warning("cannot list the Job controller's Events (pod creation failures): %s", error)
+            return None
+        return creation_refusal(events, job_uid)
+
     async def _write_record(self, key: Key, cr: dict[str, Any], current: _Current, record: Record) -> None:
         """Patch the job's record annotation when it changed (a metadata patch of this very
         incarnation: the trainer, which may write the status, cannot write this)."""
@@ -602,16 +632,25 @@ class Reconciler:
         if new_phase in derive.TERMINAL_PHASES:
             self.wake_up()
         if old_phase != new_phase:
-            try:
-                kopf.event(
-                    _event_target(cr),
-                    type="Warning" if new_phase in _WARNING_PHASES else "Normal",
-                    reason=str(new_phase),
-                    message=(desired.get("message") or f"phase {new_phase}")[:1024],
-                )
-            except LookupError:  # outside kopf's handler context (no posting queue): status is enough
-                self.logger.debug("no event posted for %s/%s: outside a handler context", *key)
+            self._post_event(
+                key,
+                cr,
+                "Warning" if new_phase in _WARNING_PHASES else "Normal",
+                str(new_phase),
+                desired.get("message") or f"phase {new_phase}",
+            )
             self.logger.info("%s/%s: %s -> %s: %s", key[0], key[1], old_phase, new_phase, desired.get("message"))
+        running = condition_of(desired, "Running") or {}
+        if running.get("reason") in _WARNING_REASONS and running.get("reason") != _running_reason(previous):
+            # A problem the phase does not show (it stays Starting): announced once, when it appears.
+            self._post_event(key, cr, "Warning", str(running["reason"]), str(running.get("message") or ""))
+            self.logger.info("%s/%s: %s: %s", key[0], key[1], running["reason"], running.get("message"))
+
+    def _post_event(self, key: Key, cr: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            kopf.event(_event_target(cr), type=type_, reason=reason, message=message[:1024])
+        except LookupError:  # outside kopf's handler context (no posting queue): status is enough
+            self.logger.debug("no event posted for %s/%s: outside a handler context", *key)
 
     # -- blocking API work (executor threads) ----------------------------------------------------
 

@@ -51,6 +51,13 @@ TERMINAL_PHASES = (SUCCEEDED, FAILED)
 # (status, reason, message) of a condition, as the derivation decides it.
 ConditionState = tuple[bool, str, str]
 
+# How long a started Job may lack pods before the Job controller's FailedCreate Events are worth
+# looking up (Assessment.check_pod_creation): it creates a gang's pods within a second or two of
+# starting the Job, so a healthy start never pays for the lookup.
+POD_CREATION_GRACE_SECONDS = 5
+# The Running condition's reason while the Job controller cannot create the gang's pods.
+POD_CREATION_FAILED = "PodCreationFailed"
+
 
 @dataclasses.dataclass(frozen=True)
 class RunFacts:
@@ -81,6 +88,9 @@ class Assessment:
     record: Record
     action: Action = Action.NONE
     failure: Failure | None = None
+    # The Job has been started for POD_CREATION_GRACE_SECONDS and still lacks some of its pods:
+    # the caller looks up why (the Job's FailedCreate Events) and derives again with the answer.
+    check_pod_creation: bool = False
 
     @property
     def phase(self) -> str:
@@ -168,6 +178,7 @@ class _StatusBuilder:
     completion_time: str | None
     action: Action = Action.NONE
     failure: Failure | None = None
+    check_pod_creation: bool = False
 
     @classmethod
     def start(
@@ -270,7 +281,7 @@ class _StatusBuilder:
             rank0Pod=self.rank0_pod,
         )
         status = {k: v for k, v in status.items() if v is not None}
-        return Assessment(status, record, self.action, self.failure)
+        return Assessment(status, record, self.action, self.failure, self.check_pod_creation)
 
     def final(self, outcome: Outcome) -> Assessment:
         """The status of a job that has ended, from the outcome the operator recorded then."""
@@ -294,6 +305,7 @@ def assess(
     now: datetime,
     progress: dict[str, Any] | None = None,
     workloads: list[dict[str, Any]] | None = None,
+    creation_refusal: str | None = None,
 ) -> Assessment:
     """Derive the status (without progress), the new record and the operator's next action.
 
@@ -302,7 +314,9 @@ def assess(
     operator's own record of the job (record.py: restarts, times, the final outcome), `previous`
     the current status (read only for its conditions' transition times, previous_conditions),
     `progress` the trainer's status.progress (for stall detection), `workloads` Kueue's
-    Workloads of batch Jobs of the job's name (of this Job or older ones).
+    Workloads of batch Jobs of the job's name (of this Job or older ones), `creation_refusal` the
+    message of the Job's newest FailedCreate Event, looked up only when an assessment without it
+    asked for it (Assessment.check_pod_creation).
     """
     current_pods = pods_of_job(job, pods)
     status = _StatusBuilder.start(facts, record, previous, current_pods, now)
@@ -419,7 +433,22 @@ def assess(
     reason, message = waiting_reason(waiting, facts.nodes, len(running))
     if not current_pods:
         reason, message = "WaitingForPods", f"0/{facts.nodes} workers created"
+    created = len([p for p in current_pods if not dig(p, "metadata", "deletionTimestamp")])
+    if created < facts.nodes and _started_for(job, now) >= POD_CREATION_GRACE_SECONDS:
+        # Pods the Job should have are missing: only the Job controller's Events say why. A pod
+        # that cannot be created outranks how the created ones wait: without it the gang never runs.
+        status.check_pod_creation = True
+        if creation_refusal:
+            reason = POD_CREATION_FAILED
+            message = f"{created}/{facts.nodes} workers created; the Job controller cannot create the others: "
+            message += creation_refusal
     return status.build(STARTING, message, (False, reason, message))
+
+
+def _started_for(job: dict[str, Any], now: datetime) -> float:
+    """Seconds since the Job controller started the Job (its status.startTime); 0 before."""
+    started = parse_time(dig(job, "status", "startTime"))
+    return (now - started).total_seconds() if started is not None else 0.0
 
 
 def _queued(status: _StatusBuilder, job: dict[str, Any], queue: str, workload: dict[str, Any] | None) -> Assessment:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
-from colocgrpo_operator.controller.objects import as_list, container_statuses, dig, pod_condition, truncate
+from colocgrpo_operator.controller.objects import (
+    as_list,
+    container_statuses,
+    dig,
+    parse_time,
+    pod_condition,
+    truncate,
+)
 
 # Container waiting reasons that mean "this pod will not start by itself", worst first.
 _IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})
@@ -65,3 +73,44 @@ def workers_of(pods: list[dict[str, Any]], gpus_per_node: int) -> dict[str, int]
         "failed": sum(1 for p in pods if dig(p, "status", "phase") == "Failed"),
         "gpus": len([p for p in active if dig(p, "spec", "nodeName")]) * max(gpus_per_node, 0),
     }
+
+
+# The Job controller's Event reason when the API server refuses one of its pods (PodSecurity
+# admission, a ResourceQuota or LimitRange, a missing ServiceAccount, a webhook).
+FAILED_CREATE = "FailedCreate"
+# What the Event recorder puts before a message it aggregated from similar Events.
+_COMBINED = "(combined from similar events): "
+
+
+def _event_time(event: dict[str, Any]) -> datetime:
+    """When an Event (core/v1, as the Job controller's recorder writes it) last happened."""
+    for moment in (
+        dig(event, "series", "lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+        dig(event, "metadata", "creationTimestamp"),
+    ):
+        parsed = parse_time(moment)
+        if parsed is not None:
+            return parsed
+    return datetime.min.replace(tzinfo=UTC)
+
+
+def creation_refusal(events: list[dict[str, Any]], job_uid: str | None) -> str | None:
+    """The message of the newest FailedCreate Event about the Job `job_uid` (why the Job
+    controller could not create a pod, in the API server's words), or None without one."""
+    refusals = [
+        event
+        for event in events
+        if isinstance(event, dict)
+        and event.get("reason") == FAILED_CREATE
+        and job_uid is not None
+        and dig(event, "involvedObject", "uid") == job_uid
+        and isinstance(event.get("message"), str)
+        and event["message"].strip()
+    ]
+    if not refusals:
+        return None
+    message = str(max(refusals, key=_event_time)["message"]).strip()
+    return truncate(message.removeprefix(_COMBINED))
