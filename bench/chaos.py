@@ -12,25 +12,33 @@ Each trial, in a namespace of its own, against the real local control plane:
   * status consistent with its children and its own incarnation: observedGeneration current,
     Suspended exactly when suspended, lastFailure naming a Job of this incarnation, startTime not
     before the job's creation, restarts no more than the pod failures this incarnation had;
-  * nothing orphaned (no child of a deleted job left once garbage collection has run);
-  * no Python traceback in the operator's log.
+  * nothing orphaned (no child of a deleted job left in the trial's namespace once garbage
+    collection has run);
+  * no Python traceback in the trial's operator log.
 
-Usage: python -m bench.chaos [--trials 100] [--jobs 10] [--seed 1] [--time-budget SECONDS]
-                             [--kubeconfig FILE] [--cluster-name colocgrpo-chaos]
-Prints one JSON line per trial and a summary (JSON) at the end; exit 1 if any check failed.
+With `--workers N`, N trials run at once against the same cluster, each in its own namespace with
+its own operator process (and log); trial i uses seed*1000+i whatever the worker count. Trials
+--first .. --trials-1 run: a run cut short by --time-budget goes on with --first set to the
+number of trials done.
+
+Usage: python -m bench.chaos [--trials 100] [--jobs 10] [--seed 1] [--workers 1] [--first 0]
+                             [--time-budget SECONDS] [--kubeconfig FILE] [--cluster-name colocgrpo-chaos]
+                             [--out FILE]
+Prints one JSON line per trial as it finishes and a summary (JSON) at the end, with --out also into
+FILE; exit 1 if any check failed.
 docs/benchmarks/chaos.md records runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -55,11 +63,21 @@ CHILDREN = (
 )
 
 
+_PORTS_LOCK = threading.Lock()
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free local port, never one this process handed out before: concurrent workers start
+    operators at the same time, and two probes on one port would ask the wrong operator."""
+    with _PORTS_LOCK:
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port: int = sock.getsockname()[1]
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add(port)
+                return port
 
 
 class Operator:
@@ -224,6 +242,7 @@ class Trial:
     number: int
     seed: int
     namespace: str
+    worker: int = 0
     incarnations: list[Incarnation] = field(default_factory=list)
     actions: dict[str, int] = field(default_factory=dict)
     kills: int = 0
@@ -414,32 +433,56 @@ def check(cluster: Cluster, trial: Trial) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.workers import Reporter, host_facts, load_average, run_numbered
+
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--jobs", type=int, default=10, help="jobs per trial's burst")
     parser.add_argument("--seed", type=int, default=1, help="trial i uses seed*1000+i")
+    parser.add_argument("--workers", type=int, default=1, help="trials run at once, each with its own operator")
+    parser.add_argument("--first", type=int, default=0, help="the first trial's number (to go on with a run)")
     parser.add_argument("--time-budget", type=float, default=None, help="start no trial after this many seconds")
     parser.add_argument("--kubeconfig", default=None, help="default: start/reuse a local dev cluster")
     parser.add_argument("--cluster-name", default="colocgrpo-chaos")
     parser.add_argument("--operator-src", default=str(REPO), help="the checkout whose operator runs")
     parser.add_argument("--log-dir", default=None, help="keep the operator logs here (default: a temp folder)")
+    parser.add_argument("--out", default=None, help="also write the JSON lines and the summary into this file")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    load_at_start = load_average()
     kubeconfig = ensure_cluster(args.kubeconfig, args.cluster_name)
-    cluster = Cluster(kubeconfig)
+    clusters = [Cluster(kubeconfig) for _ in range(args.workers)]  # a connection pool per worker
     work = Path(args.log_dir or tempfile.mkdtemp(prefix="colocgrpo-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    trials: list[Trial] = []
-    for number in range(args.trials):
-        if args.time_budget is not None and time.monotonic() - started > args.time_budget:
-            break
+    reporter = Reporter(args.out)
+
+    def one_trial(worker: int, number: int) -> Trial:
         seed = args.seed * 1000 + number
-        trial = Trial(number, seed, f"chaos-{seed}-{uuid.uuid4().hex[:4]}")
-        run_trial(cluster, kubeconfig, trial, args.jobs, work, Path(args.operator_src))
-        trials.append(trial)
-        print(json.dumps(trial_summary(trial)), flush=True)
-    summary = summarize(trials, time.monotonic() - started, work)
-    print(json.dumps(summary, indent=1), flush=True)
+        trial = Trial(number, seed, f"chaos-{seed}-{uuid.uuid4().hex[:4]}", worker)
+        try:
+            run_trial(clusters[worker], kubeconfig, trial, args.jobs, work, Path(args.operator_src))
+        except Exception as error:  # e.g. the operator did not come up: a failed trial, not a lost run
+            trial.problems.append(f"the trial could not run: {error!r}")
+        return trial
+
+    started = time.monotonic()
+    try:
+        trials = run_numbered(
+            args.trials,
+            args.workers,
+            args.time_budget,
+            started,
+            one_trial,
+            lambda t: reporter.line(trial_summary(t)),
+            first=args.first,
+        )
+        summary = summarize(trials, time.monotonic() - started, work)
+        summary.update(seed=args.seed, first=args.first, workers=args.workers)
+        summary["host"] = host_facts(load_at_start)
+        reporter.summary(summary)
+    finally:
+        reporter.close()
     return 0 if summary["failed_trials"] == 0 else 1
 
 
@@ -455,6 +498,7 @@ def trial_summary(trial: Trial) -> dict[str, Any]:
     return {
         "trial": trial.number,
         "seed": trial.seed,
+        "worker": trial.worker,
         "jobs": len(trial.incarnations),
         "kills": trial.kills,
         "actions": trial.actions,

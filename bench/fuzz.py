@@ -4,17 +4,22 @@ Manifests start from examples/tiny-cpu.yaml (made small) and get 1-4 random muta
 field set to a value of the wrong type, out of range, huge, empty, deeply nested, unicode, or
 removed; an unknown trainerArgs key; a free-form Kubernetes field (tolerations, affinity, env,
 volumes) filled with garbage; a 300,000-character string; durations of 2^62 seconds. They are
-sent in bursts (`--burst`, each in a namespace of its own) to one operator. Checks:
+sent in bursts (`--burst`, each in a namespace of its own) to one operator; with `--workers N`,
+N bursts at a time, each worker with an operator of its own watching only its namespaces. Burst i
+is made from seed*1000+i, whatever the worker count; bursts --first .. the last run (a run cut
+short by --time-budget goes on with --first set to the number of bursts done). Checks:
 
 - the API server refuses with 400/422 (or 413 for a body too large) and a message naming a field,
   or stores the job;
 - the operator never dies (0 crashes) and logs no Python traceback;
 - every stored job reaches a phase (its status.phase is set) within 30 s of the burst's end;
-- a valid job created after each burst gets its batch Job within 5 s.
+- a valid job created after each burst gets its batch Job within 5 s (from that burst's operator).
 
-Usage: python -m bench.fuzz [--manifests 10000] [--burst 100] [--seed 1] [--time-budget SECONDS]
-                            [--kubeconfig FILE] [--cluster-name colocgrpo-chaos]
-Prints one JSON line per burst and a summary at the end; exit 1 if any check failed.
+Usage: python -m bench.fuzz [--manifests 10000] [--burst 100] [--seed 1] [--workers 1] [--first 0]
+                            [--time-budget SECONDS] [--kubeconfig FILE] [--cluster-name colocgrpo-chaos]
+                            [--out FILE]
+Prints one JSON line per burst as it finishes and a summary at the end, with --out also into FILE;
+exit 1 if any check failed.
 docs/benchmarks/chaos.md records runs.
 """
 
@@ -22,8 +27,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -194,6 +199,14 @@ def mutated(name: str, rng: random.Random) -> dict[str, Any]:
     return body
 
 
+def burst_manifests(seed: int, number: int, burst: int, manifests: int) -> list[dict[str, Any]]:
+    """Burst `number`'s manifests: from its own seed (seed*1000+number), named f<index> by their
+    place in the whole run."""
+    rng = random.Random(seed * 1000 + number)
+    first = number * burst
+    return [mutated(f"f{first + i}", rng) for i in range(min(burst, manifests - first))]
+
+
 def names_a_field(message: str) -> bool:
     fields = ("spec.", "metadata.", "spec:", "metadata:", "struct field", "Request entity too large")
     return any(token in message for token in fields)
@@ -255,78 +268,135 @@ def run_burst(
     return result
 
 
+class FuzzWorker:
+    """One worker: its own operator (watching `<prefix>-w<k>-*`), client and log."""
+
+    def __init__(self, index: int, prefix: str, kubeconfig: Path, work: Path, src: Path):
+        self.index = index
+        self.prefix = f"{prefix}-w{index}"
+        self.cluster = Cluster(kubeconfig)
+        self.operator = Operator(kubeconfig, [f"{self.prefix}-*"], work / f"operator-w{index}.log", src)
+        self.crashes = 0
+        self.namespaces: list[str] = []
+
+    def burst(self, seed: int, number: int, size: int, total: int, threads: int) -> dict[str, Any]:
+        namespace = f"{self.prefix}-{number}"
+        manifests = burst_manifests(seed, number, size, total)
+        self.namespaces.append(namespace)
+        try:
+            self.cluster.new_namespace(namespace)
+            result = run_burst(self.cluster, self.operator, namespace, manifests, threads)
+        except Exception as error:  # a failed burst, not a lost run
+            result = {"namespace": namespace, "sent": len(manifests), "accepted": 0, "refused": 0}
+            result["error"] = repr(error)
+            result["operator_alive"] = self.operator.alive()
+        result = {"burst": number, "seed": seed * 1000 + number, "worker": self.index, **result}
+        if not result["operator_alive"]:
+            self.crashes += 1
+            self.operator.start()
+        self.cluster.delete_namespace(namespace)
+        return result
+
+    def close(self) -> None:
+        self.operator.stop()
+        for namespace in self.namespaces:
+            self.cluster.delete_namespace(namespace)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from bench.workers import Reporter, host_facts, load_average, run_numbered
+
     parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifests", type=int, default=10_000)
     parser.add_argument("--burst", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=4, help="client threads sending one burst")
+    parser.add_argument("--seed", type=int, default=1, help="burst i is made from seed*1000+i")
+    parser.add_argument("--workers", type=int, default=1, help="bursts at once, each worker with its own operator")
+    parser.add_argument("--first", type=int, default=0, help="the first burst's number (to go on with a run)")
     parser.add_argument("--time-budget", type=float, default=None, help="start no burst after this many seconds")
     parser.add_argument("--kubeconfig", default=None, help="default: start/reuse a local dev cluster")
     parser.add_argument("--cluster-name", default="colocgrpo-chaos")
     parser.add_argument("--operator-src", default=str(REPO))
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--out", default=None, help="also write the JSON lines and the summary into this file")
     args = parser.parse_args(argv)
+    if args.workers < 1 or args.burst < 1:
+        parser.error("--workers and --burst must be at least 1")
+    load_at_start = load_average()
     kubeconfig = ensure_cluster(args.kubeconfig, args.cluster_name)
-    cluster = Cluster(kubeconfig)
     work = Path(args.log_dir or tempfile.mkdtemp(prefix="colocgrpo-fuzz-"))
     work.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(args.seed)
     prefix = f"fuzz-{args.seed}-{uuid.uuid4().hex[:4]}"
-    bursts = [f"{prefix}-{i}" for i in range((args.manifests + args.burst - 1) // args.burst)]
-    operator = Operator(kubeconfig, [f"{prefix}-*"], work / "operator.log", Path(args.operator_src))
-    results: list[dict[str, Any]] = []
+    workers = [FuzzWorker(k, prefix, kubeconfig, work, Path(args.operator_src)) for k in range(args.workers)]
+    bursts = (args.manifests + args.burst - 1) // args.burst
+    reporter = Reporter(args.out)
     started = time.monotonic()
-    crashes = 0
     try:
-        operator.start()
-        sent = 0
-        for namespace in bursts:
-            if args.time_budget is not None and time.monotonic() - started > args.time_budget:
-                break
-            count = min(args.burst, args.manifests - sent)
-            manifests = [mutated(f"f{sent + i}", rng) for i in range(count)]
-            sent += count
-            cluster.new_namespace(namespace)
-            result = run_burst(cluster, operator, namespace, manifests, args.threads)
-            if not result["operator_alive"]:
-                crashes += 1
-                operator.start()
-            cluster.delete_namespace(namespace)
-            results.append(result)
-            print(json.dumps(result), flush=True)
+        with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
+            list(pool.map(lambda w: w.operator.start(), workers))
+        results = run_numbered(
+            bursts,
+            args.workers,
+            args.time_budget,
+            started,
+            lambda k, n: workers[k].burst(args.seed, n, args.burst, args.manifests, args.threads),
+            reporter.line,
+            first=args.first,
+        )
     finally:
-        operator.stop()
-        for namespace in bursts:
-            cluster.delete_namespace(namespace)
-    tracebacks = operator.tracebacks()
-    summary = {
+        for worker in workers:
+            worker.close()
+    try:
+        summary, failed = summarize(results, workers, time.monotonic() - started, work)
+        summary.update(seed=args.seed, first=args.first, workers=args.workers)
+        summary["host"] = host_facts(load_at_start)
+        reporter.summary(summary)
+    finally:
+        reporter.close()
+    return 0 if not failed else 1
+
+
+def summarize(
+    results: list[dict[str, Any]], workers: list[FuzzWorker], seconds: float, work: Path
+) -> tuple[dict[str, Any], bool]:
+    """The run's summary, and whether any check failed."""
+    tracebacks = [t for w in workers for t in w.operator.tracebacks()]
+    crashes = sum(w.crashes for w in workers)
+    served_all = [r.get("valid_job_served_seconds") for r in results]
+    served = [s for s in served_all if s is not None]
+    summary: dict[str, Any] = {
         "manifests": sum(r["sent"] for r in results),
+        "bursts": len(results),
         "accepted": sum(r["accepted"] for r in results),
         "refused": sum(r["refused"] for r in results),
-        "unexpected_answers": sum(len(r["unexpected_answers"]) for r in results),
-        "refusals_naming_no_field": sum(r["refusals_naming_no_field"] for r in results),
+        "unexpected_answers": sum(len(r.get("unexpected_answers", [])) for r in results),
+        "refusals_naming_no_field": sum(r.get("refusals_naming_no_field", 0) for r in results),
+        "burst_errors": [f"burst {r['burst']}: {r['error']}" for r in results if "error" in r],
         "operator_crashes": crashes,
         "tracebacks": len(tracebacks),
         "traceback_examples": tracebacks[:3],
-        "jobs_without_phase_in_30s": sum(len(r["without_phase"]) for r in results),
-        "phase_seconds_max": max((r["phase_seconds_max"] for r in results), default=0.0),
-        "valid_job_served_seconds": [r["valid_job_served_seconds"] for r in results],
-        "seconds": round(time.monotonic() - started, 1),
-        "log": str(work / "operator.log"),
+        "jobs_without_phase_in_30s": sum(len(r.get("without_phase", [])) for r in results),
+        "phase_seconds_max": max((r.get("phase_seconds_max", 0.0) for r in results), default=0.0),
+        "valid_job_served_seconds": served_all,
+        "valid_job_served_seconds_median": round(statistics.median(served), 2) if served else None,
+        "valid_job_served_seconds_max": max(served, default=None),
+        "valid_jobs_served_over_goal": sum(1 for s in served if s > SERVED_SECONDS),
+        "valid_jobs_not_served": len(served_all) - len(served),
+        "served_goal_seconds": SERVED_SECONDS,
+        "seconds": round(seconds, 1),
+        "logs": str(work),
     }
-    served = [s for s in summary["valid_job_served_seconds"] if s is not None]
-    failed = (
+    failed = bool(
         crashes
         or tracebacks
+        or summary["burst_errors"]
         or summary["unexpected_answers"]
         or summary["jobs_without_phase_in_30s"]
-        or len(served) < len(results)
-        or any(s > SERVED_SECONDS for s in served)
+        or summary["valid_jobs_not_served"]
+        or summary["valid_jobs_served_over_goal"]
     )
     summary["passed"] = not failed
-    print(json.dumps(summary, indent=1), flush=True)
-    return 0 if not failed else 1
+    return summary, failed
 
 
 if __name__ == "__main__":
