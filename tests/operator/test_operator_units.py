@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+import threading
 from datetime import UTC
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from rich.console import Console
 from colocgrpo_operator.cli.logs import pick_pod
 from colocgrpo_operator.cli.watch import render_view
 from colocgrpo_operator.controller.kube import KubeApiError
-from colocgrpo_operator.controller.reconciler import ParsedSpec, Reconciler, _status_patch
+from colocgrpo_operator.controller.reconciler import ParsedSpec, PredecessorPending, Reconciler, _status_patch
 from colocgrpo_operator.controller.snapshots import (
     all_views,
     batch_job_snapshot,
@@ -166,6 +167,44 @@ def test_creation_refusal_lookup_reads_the_jobs_events_and_survives_missing_rbac
     with pytest.raises(KubeApiError) as raised:
         asyncio.run(lookups(_EventsKube(KubeApiError(500, "Internal Server Error"))))
     assert raised.value.status == 500
+
+
+class _ChildCreator:
+    """A KubeApi stand-in for the children's creates: each create waits (up to 5 s) until all
+    `expected` are in flight at once; `refuse` names a kind answered like a predecessor's child."""
+
+    def __init__(self, expected: int, refuse: str | None = None):
+        self.barrier = threading.Barrier(expected, timeout=5)
+        self.refuse = refuse
+        self.created: list[str] = []
+
+    def create(self, child: dict) -> bool:
+        self.barrier.wait()  # BrokenBarrierError if the creates ran one after another
+        self.created.append(child["kind"])
+        return child["kind"] != self.refuse  # False: it exists (409): the reconciler applies instead
+
+    def apply(self, child: dict) -> None:
+        raise KubeApiError(422, "Invalid", '{"message": "Only one reference can have Controller set to true"}')
+
+
+def _apply_children(kube: _ChildCreator) -> None:
+    body = tiny()
+    with concurrent.futures.ThreadPoolExecutor(8) as executor:
+        reconciler = Reconciler(kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"))
+        asyncio.run(reconciler._apply_children(body, ParsedSpec(body), new_job=True))
+
+
+def test_a_new_jobs_children_are_created_at_once_and_never_its_job():
+    kube = _ChildCreator(expected=5)
+    _apply_children(kube)
+    assert sorted(kube.created) == ["ConfigMap", "Role", "RoleBinding", "Service", "ServiceAccount"]
+
+
+def test_a_child_still_a_predecessors_waits_but_the_others_are_created():
+    kube = _ChildCreator(expected=5, refuse="ServiceAccount")
+    with pytest.raises(PredecessorPending, match="ServiceAccount"):
+        _apply_children(kube)
+    assert len(kube.created) == 5
 
 
 def test_status_patch_nulls_removed_keys_and_never_touches_progress():

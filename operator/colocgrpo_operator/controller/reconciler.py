@@ -533,7 +533,7 @@ class Reconciler:
             if (ensure_children or action is derive.Action.CREATE_JOB) and (
                 desired.get("phase") not in derive.TERMINAL_PHASES
             ):
-                await self._blocking(self._apply_children, cr, parsed, not previous)
+                await self._apply_children(cr, parsed, not previous)
             if action is derive.Action.CREATE_JOB:
                 created = await self._blocking(self._create_job, cr, parsed, assessment.record, now)
                 if created is not None:
@@ -664,26 +664,37 @@ class Reconciler:
             kopf.adopt(child, owner=owner)
         return children
 
-    def _apply_children(self, cr: dict[str, Any], parsed: ParsedSpec, new_job: bool) -> None:
-        """Everything but the Job, server-side applied (creates or updates, idempotently).
+    async def _apply_children(self, cr: dict[str, Any], parsed: ParsedSpec, new_job: bool) -> None:
+        """Everything but the Job, server-side applied (creates or updates, idempotently), all at
+        once: they do not depend on each other, and each is an API round trip of its own. One
+        after another, they were most of a new job's time to its Job on a loaded API server
+        (five round trips of the seven before it).
 
-        For a job never reconciled before (no status yet) a plain create is tried first: it is
-        the common case and cheaper for the API server than an apply; a 409 falls back to the
-        apply. The Job is left out: its pod template is immutable and its spec.suspend may
-        belong to Kueue, so it is only ever created (see _create_job) and its suspend patched
-        on purpose.
+        Every child is tried before the first failure (in render order) is raised; the Job
+        waits for all of them (its pods need the ConfigMap and the ServiceAccount).
         """
-        for child in self._render(parsed, cr):
-            if child.get("kind") == "Job":
-                continue
-            if new_job and self.kube.create(child):
-                continue
-            try:
-                self.kube.apply(child)
-            except KubeApiError as error:
-                if error.status == 422 and _SECOND_CONTROLLER in error.message:
-                    raise PredecessorPending(f"{child['kind']} {child['metadata']['name']}") from error
-                raise
+        children = [c for c in await self._blocking(self._render, parsed, cr) if c.get("kind") != "Job"]
+        outcomes = await asyncio.gather(
+            *(self._blocking(self._apply_child, child, new_job) for child in children), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    def _apply_child(self, child: dict[str, Any], new_job: bool) -> None:
+        """One child, not the Job. For a job never reconciled before (no status yet) a plain create
+        is tried first: it is the common case and cheaper for the API server than an apply; a 409
+        falls back to the apply. The Job is never applied: its pod template is immutable and its
+        spec.suspend may belong to Kueue, so it is only ever created (see _create_job) and its
+        suspend patched on purpose."""
+        if new_job and self.kube.create(child):
+            return
+        try:
+            self.kube.apply(child)
+        except KubeApiError as error:
+            if error.status == 422 and _SECOND_CONTROLLER in error.message:
+                raise PredecessorPending(f"{child['kind']} {child['metadata']['name']}") from error
+            raise
 
     def _create_job(
         self, cr: dict[str, Any], parsed: ParsedSpec, record: Record, now: datetime
