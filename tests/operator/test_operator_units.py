@@ -361,3 +361,77 @@ def test_namespace_rescan_adds_what_kopf_missed_with_kopfs_own_rules():
     assert added == {"team-b"}  # created while kopf was not looking
     assert added_again == set()
     assert served == {"team-a", "team-b"}  # "other" does not match; a terminating namespace is let go, as kopf does
+
+
+class _WritesKube:
+    """Records the reconciler's writes in order; every write of the job answers with the object it
+    produced, at a new resourceVersion, as the API server does."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.version = 100
+        self.job = tiny()
+        self.job["metadata"]["resourceVersion"] = "100"
+        self.lock = threading.Lock()
+
+    def _bump(self) -> dict:
+        self.version += 1
+        self.job["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(self.job)
+
+    def create(self, obj):
+        with self.lock:
+            self.calls.append(f"create {obj['kind']}")
+        return True
+
+    def create_returning(self, obj):
+        with self.lock:
+            self.calls.append(f"create {obj['kind']}")
+            self.batch_job = dict(obj, status={})
+            return self.batch_job
+
+    def patch_annotations(self, namespace, name, uid, annotations):
+        with self.lock:
+            self.calls.append("record")
+            self.job["metadata"].setdefault("annotations", {}).update(annotations)
+            return self._bump()
+
+    def patch_status(self, namespace, name, uid, patch, whole=False):
+        with self.lock:
+            self.calls.append("status")
+            status = {} if whole else dict(self.job.get("status") or {})
+            status.update(patch)
+            self.job["status"] = {k: v for k, v in status.items() if v is not None}
+            return self._bump()
+
+
+def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_drift():
+    kube = _WritesKube()
+    key = ("ns", "tiny-cpu")
+    created = copy.deepcopy(kube.job)  # what the create event showed: no status, no record
+
+    async def run() -> None:
+        with concurrent.futures.ThreadPoolExecutor(4) as executor:
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-writes"))
+            await reconciler.reconcile(
+                key, lambda: (created, None, [], []), trigger="create", ensure_children=True, fresh_cr=created
+            )
+            assert kube.calls.index("record") < kube.calls.index("create Job")
+            assert kube.calls[-1] == "status"
+            after_record = dict(kube.job, status={})  # the record's own patch, as a late watch event shows it
+            after_record["metadata"] = dict(kube.job["metadata"], resourceVersion="101")
+            assert after_record["metadata"]["annotations"]
+            # The event of the record's patch arrives after the first status write: it is the
+            # operator's own object, not someone emptying the status; a reconcile from it writes nothing.
+            assert not reconciler.status_drifted(key, after_record)
+            writes = len(kube.calls)
+            await reconciler.reconcile(key, lambda: (after_record, kube.batch_job, [], []), trigger="status")
+            assert kube.calls[writes:] == []
+            # The same status at a version the operator did not produce is someone else's write,
+            # repaired at once.
+            emptied = dict(after_record, metadata=dict(after_record["metadata"], resourceVersion="999"))
+            assert reconciler.status_drifted(key, emptied)
+            await reconciler.reconcile(key, lambda: (emptied, kube.batch_job, [], []), trigger="status")
+            assert kube.calls[writes:] == ["status"]
+
+    asyncio.run(run())

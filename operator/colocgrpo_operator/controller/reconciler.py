@@ -172,16 +172,25 @@ def status_without_progress(cr: Mapping[str, Any] | None) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class _Known:
     """What the operator last wrote for one incarnation (`uid`) of a job: its last two statuses
-    (packed, newest last) and its record (encoded; None while the job has none). The watch, and
-    so the index, may lag behind these writes; no resourceVersion is compared (the API calls
-    them opaque), the contents are: the index has caught up once it shows the newest status and
-    the record; showing an older status of ours, it lags; showing any other status, someone else
-    wrote it (the trainer's token may patch the status), and the index is what is there."""
+    (packed, newest last), its record (encoded; None while the job has none), and the
+    resourceVersions of the objects its last writes produced, with the status the newest of them
+    holds (packed). The watch, and so the index, may lag behind these writes. resourceVersions
+    are only compared for equality (the API calls them opaque): a version one of these writes
+    produced is never someone else's write, and one older than the newest lags behind it.
+    Otherwise the contents are compared: the index has caught up once it shows the newest status
+    and the record; showing an older status of ours, it lags; showing any other status, someone
+    else wrote it (the trainer's token may patch the status), and the index is what is there.
+
+    The versions matter in a burst: the event of the record's own patch (written before the first
+    batch Job, with no status yet) often reaches the operator only after the first status write,
+    and must not pass for someone else emptying the status."""
 
     uid: str
     statuses: tuple[str, ...]
     record: str | None
     phase: str | None  # the phase last written (and announced by an Event)
+    versions: tuple[str, ...] = ()  # newest last
+    versioned_status: str | None = None  # the status (packed) of the object at versions[-1]
 
 
 @dataclasses.dataclass
@@ -207,6 +216,9 @@ class PredecessorPending(Exception):
 
 # The API server's answer when an apply would give a child a second controller owner.
 _SECOND_CONTROLLER = "Only one reference can have Controller set to true"
+# How many of the operator's last writes of a job are recognised by their resourceVersion (a
+# reconcile writes at most the record and the status; the one before may still be in flight).
+_KEPT_VERSIONS = 4
 # How soon a job whose predecessor's children are still there looks again.
 PREDECESSOR_RETRY_SECONDS = 2.0
 
@@ -293,6 +305,8 @@ class Reconciler:
         uid = ((cr or {}).get("metadata") or {}).get("uid")
         if known is None or cr is None or known.uid != uid or not known.statuses:
             return False
+        if _version_of(cr) in known.versions:
+            return False  # an object one of the operator's own writes produced
         status = status_without_progress(cr)
         return all(unpack(packed) != status for packed in known.statuses)
 
@@ -455,7 +469,10 @@ class Reconciler:
         if known.uid != meta.get("uid"):
             self._known.pop(key, None)  # a previous incarnation's: never carried over
             return _Current(indexed, record)
-        if known.statuses:
+        version = _version_of(cr)
+        if version is not None and version in known.versions[:-1] and known.versioned_status is not None:
+            indexed = unpack(known.versioned_status)  # the index shows an older object of our writes
+        elif known.statuses:
             newest = unpack(known.statuses[-1])
             if indexed != newest and any(unpack(packed) == indexed for packed in known.statuses[:-1]):
                 indexed = newest  # the index still shows an older write of ours
@@ -596,20 +613,32 @@ class Reconciler:
             return
         uid = (cr.get("metadata") or {}).get("uid") or ""
         encoded = record.encode()
-        await self._blocking(self.kube.patch_annotations, key[0], key[1], uid, {RECORD_ANNOTATION: encoded})
+        written = await self._blocking(self.kube.patch_annotations, key[0], key[1], uid, {RECORD_ANNOTATION: encoded})
         current.record = record
-        self._remember(key, uid, current, status=None)
+        self._remember(key, uid, current, status=None, written=written)
 
-    def _remember(self, key: Key, uid: str, current: _Current, status: dict[str, Any] | None) -> None:
-        """Keep what was just written (`status`, when a status write) with the record in place."""
+    def _remember(
+        self, key: Key, uid: str, current: _Current, status: dict[str, Any] | None, written: Mapping[str, Any] | None
+    ) -> None:
+        """Keep what was just written (`status`, when a status write) with the record in place, and
+        the version of the object the write produced (`written`, the API server's answer)."""
         known = self._known.get(key)
+        ours = known is not None and known.uid == uid
         # Only statuses this operator wrote: one someone else wrote must never pass for its own.
-        statuses = known.statuses if known is not None and known.uid == uid else ()
+        statuses = known.statuses if known is not None and ours else ()
         if status is not None:
             statuses = (*statuses[-1:], pack(status))
         phase = status.get("phase") if status is not None else (known.phase if known is not None else None)
         record = None if current.record is None else current.record.encode()
-        self._known[key] = _Known(uid, statuses, record, phase)
+        versions = known.versions if known is not None and ours else ()
+        versioned_status = known.versioned_status if known is not None and ours else None
+        version = _version_of(written)
+        if version is not None and isinstance(written, Mapping):
+            versions = (*versions[-(_KEPT_VERSIONS - 1) :], version)
+            versioned = pack(status_without_progress(written))
+            # The same string as the newest status where they agree (the common case): no copy.
+            versioned_status = statuses[-1] if statuses and statuses[-1] == versioned else versioned
+        self._known[key] = _Known(uid, statuses, record, phase, versions, versioned_status)
 
     async def _write_status(self, key: Key, cr: dict[str, Any], current: _Current, desired: dict[str, Any]) -> None:
         self.phases.set(key, desired.get("phase"))
@@ -621,13 +650,13 @@ class Reconciler:
         # A job with no status at all yet gets the status object itself (its keys cannot be set
         # one by one under a missing parent).
         whole = not previous and not (cr.get("status") or {})
-        await self._blocking(self.kube.patch_status, key[0], key[1], uid, patch, whole=whole)
+        written = await self._blocking(self.kube.patch_status, key[0], key[1], uid, patch, whole=whole)
         known = self._known.get(key)
         # The phase this operator last announced, if it knows it: a status someone else wrote,
         # or an index that lags, is no reason for a second Event.
         old_phase = known.phase if known is not None and known.uid == uid and known.phase else previous.get("phase")
         current.status = desired
-        self._remember(key, uid, current, status=desired)
+        self._remember(key, uid, current, status=desired, written=written)
         new_phase = desired.get("phase")
         if new_phase in derive.TERMINAL_PHASES:
             self.wake_up()
@@ -705,6 +734,11 @@ class Reconciler:
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create_returning(job)
+
+
+def _version_of(obj: Mapping[str, Any] | None) -> str | None:
+    version = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return version if isinstance(version, str) and version else None
 
 
 def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
