@@ -496,11 +496,20 @@ class Reconciler:
     ) -> None:
         meta = cr.get("metadata") or {}
         previous = current.status
+        # Every job gets its record before its first batch Job, so no trainer runs without one
+        # (record.py); a job an earlier operator started has its record in the status. A job
+        # without one yet has it written together with its other children (one round trip less
+        # before the Job), and in any case before the Job is created or anything else is done.
+        first_record = None
         if current.record is None:
-            # Every job gets its record before its first batch Job, so no trainer runs without
-            # one (record.py); a job an earlier operator started has its record in the status.
-            migrated = Record.from_status(previous) if previous.get("phase") else Record()
-            await self._write_record(key, cr, current, migrated)
+            first_record = Record.from_status(previous) if previous.get("phase") else Record()
+
+        def record_now() -> Record:
+            return current.record if current.record is not None else (first_record or Record())
+
+        async def write_first_record() -> None:
+            if current.record is None and first_record is not None:
+                await self._write_record(key, cr, current, first_record)
 
         # A Job of the same name that this job does not own (a predecessor with the same name
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
@@ -515,7 +524,7 @@ class Reconciler:
             batch_job: dict[str, Any] | None, refusal: str | None = None
         ) -> tuple[derive.Assessment, dict[str, Any]]:
             assessment = derive.assess(
-                parsed.facts, batch_job, pods, current.record_or_empty(), previous, now, progress, workloads, refusal
+                parsed.facts, batch_job, pods, record_now(), previous, now, progress, workloads, refusal
             )
             desired = assessment.status
             if parsed.plan_warning is not None:
@@ -550,7 +559,8 @@ class Reconciler:
             if (ensure_children or action is derive.Action.CREATE_JOB) and (
                 desired.get("phase") not in derive.TERMINAL_PHASES
             ):
-                await self._apply_children(cr, parsed, not previous)
+                await self._apply_children(cr, parsed, not previous, write_first_record())
+            await write_first_record()
             if action is derive.Action.CREATE_JOB:
                 created = await self._blocking(self._create_job, cr, parsed, assessment.record, now)
                 if created is not None:
@@ -565,6 +575,7 @@ class Reconciler:
             # or env entry in a free-form field): the spec is the problem and retrying cannot
             # help, so say so the way an invalid spec is reported.
             problems = [("spec", f"the API server refused a child object: {error.message}")]
+            await write_first_record()
             desired = derive.invalid_spec_status(
                 current.record_or_empty(), previous, problems, now, meta.get("generation")
             )
@@ -693,18 +704,23 @@ class Reconciler:
             kopf.adopt(child, owner=owner)
         return children
 
-    async def _apply_children(self, cr: dict[str, Any], parsed: ParsedSpec, new_job: bool) -> None:
+    async def _apply_children(
+        self, cr: dict[str, Any], parsed: ParsedSpec, new_job: bool, alongside: Any = None
+    ) -> None:
         """Everything but the Job, server-side applied (creates or updates, idempotently), all at
         once: they do not depend on each other, and each is an API round trip of its own. One
         after another, they were most of a new job's time to its Job on a loaded API server
-        (five round trips of the seven before it).
+        (five round trips of the seven before it). `alongside` (a coroutine: a new job's first
+        record) runs at the same time, and its failure is raised like a child's, first.
 
         Every child is tried before the first failure (in render order) is raised; the Job
         waits for all of them (its pods need the ConfigMap and the ServiceAccount).
         """
         children = [c for c in await self._blocking(self._render, parsed, cr) if c.get("kind") != "Job"]
         outcomes = await asyncio.gather(
-            *(self._blocking(self._apply_child, child, new_job) for child in children), return_exceptions=True
+            *([alongside] if alongside is not None else []),
+            *(self._blocking(self._apply_child, child, new_job) for child in children),
+            return_exceptions=True,
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
