@@ -361,22 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.zero3_train_step",
-            "--worker",
-            name,
-            "--model",
-            args.model,
-            "--out",
-            str(work),
-            "--warmup-steps",
-            str(args.warmup_steps),
-            "--measured-steps",
-            str(args.measured_steps),
-        ]
-        code, timed_out = run_child(cmd, env, work, args.timeout)
+        code, timed_out = run_child(worker_command(name, args, work), env, work, args.timeout)
         if code == 0 and (work / "result.json").exists():
             results.append(json.loads((work / "result.json").read_text()))
         else:
@@ -403,6 +388,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all("median_s_per_step" in r for r in results) else 1
 
 
+def worker_command(worker: str, args: argparse.Namespace, work: Path, *extra: str) -> list[str]:
+    """The child's command line: this module as `--worker`, with the model, steps and output folder."""
+    return [
+        sys.executable,
+        "-m",
+        "bench.zero3_train_step",
+        "--worker",
+        worker,
+        "--model",
+        args.model,
+        "--out",
+        str(work),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--measured-steps",
+        str(args.measured_steps),
+        *extra,
+    ]
+
+
 def child_env() -> dict[str, str]:
     """One training process of its own (a world of one), the checkout first on the path."""
     return dict(
@@ -422,27 +427,8 @@ def run_variants(args: argparse.Namespace, names: list[str], out: Path) -> int:
     install_stop_handlers()
     work = out / "variants"
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.zero3_train_step",
-        "--worker",
-        "variants",
-        "--variants",
-        ",".join(names),
-        "--file",
-        args.file,
-        "--lr",
-        str(args.lr),
-        "--model",
-        args.model,
-        "--out",
-        str(work),
-        "--warmup-steps",
-        str(args.warmup_steps),
-        "--measured-steps",
-        str(args.measured_steps),
-    ] + (["--cpu"] if args.cpu else [])
+    extra = ["--variants", ",".join(names), "--file", args.file, "--lr", str(args.lr)]
+    cmd = worker_command("variants", args, work, *extra, *(["--cpu"] if args.cpu else []))
     start = time.perf_counter()
     code, timed_out = run_child(cmd, child_env(), work, args.timeout)
     wall = time.perf_counter() - start
