@@ -51,7 +51,7 @@ def test_ranks_with_different_listings_agree_or_all_fail_alike(tmp_path):
         # rank 2's listing lags behind step 4; rank 3 sees step 4 without its marker yet.
         "lagging": {0: [2, 4], 1: [2, 4], 2: [2], 3: [2, (4, False)]},
         # Rank 3 sees nothing: an unshared volume, say.
-        "unshared": {0: [4], 1: [4], 2: [4], 3: []},
+        "private": {0: [4], 1: [4], 2: [4], 3: []},
         "fresh": {0: [], 1: [], 2: [], 3: []},
     }
     roots = {}
@@ -71,8 +71,8 @@ def test_ranks_with_different_listings_agree_or_all_fail_alike(tmp_path):
     assert [r["fresh"] for r in results] == [{"checkpoint": None}] * 4
     # Every rank fails, with the same account of what each rank sees (and its own folder's path).
     for rank, result in enumerate(results):
-        error = result["unshared"].get("error") or ""
-        assert f"unshared/rank{rank}: no checkpoint is complete on every rank" in error, result
+        error = result["private"].get("error") or ""
+        assert f"private/rank{rank}: no checkpoint is complete on every rank" in error, result
         assert "(rank 0: [4]; rank 1: [4]; rank 2: [4]; rank 3: none)" in error
 
 
