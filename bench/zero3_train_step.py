@@ -97,6 +97,7 @@ def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> 
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=size["learning_rate"], fused=True)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    engine.train()  # from_pretrained returns the model in eval mode, where checkpointing is skipped
     tokens = PROMPT_TOKENS + size["max_completion_length"]
     generator = torch.Generator(device=engine.device).manual_seed(size["seed"])
     times = []
@@ -197,6 +198,9 @@ def variants_worker(
     add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))  # as GRPOTrainer does
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=not cpu)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    # from_pretrained returns the model in eval mode, and transformers' decoder layers checkpoint only in
+    # training mode (GradientCheckpointingLayer): without this the "on" rows ran without checkpointing.
+    engine.train()
     tokens = PROMPT_TOKENS + size["max_completion_length"]
     vocab = model.config.vocab_size
 
@@ -223,6 +227,7 @@ def variants_worker(
             rows = no_grad_rows(micro, tokens, DEFAULT_NO_GRAD_TOKENS)
         rows = rows or micro
         record: dict = {"variant": name, "kind": kind, "rows_per_chunk": rows, "gradient_checkpointing": checkpointing}
+        record["training_mode"] = engine.module.training  # checkpointing takes effect only in training mode
         if not cpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()

@@ -42,6 +42,8 @@ def test_every_variant_computes_the_baselines_step(tmp_path, tiny_model_dir, tra
     assert len(base["losses"]) == 3 and all(n and n > 0 for n in base["grad_norms"])
     assert len(set(base["losses"])) == 3, "every step has its own rows"
     for name, r in by_name.items():
+        # transformers checkpoints a decoder layer only in training mode; from_pretrained leaves eval mode
+        assert r["training_mode"], f"{name} ran in eval mode: its checkpointing column would not hold"
         assert len(r["step_times"]) == 3 and r["median_s"] > 0, r
         reference = base if r["kind"] == "train" else by_name["oldlogp-16"]
         assert r["losses"] == pytest.approx(reference["losses"], rel=1e-5), name
