@@ -79,6 +79,17 @@ def test_activation_bytes_hand_computed_for_smollm2():
     assert f.activation_bytes(SMOLLM2_135M, tokens, 2, False) > 5 * f.activation_bytes(SMOLLM2_135M, tokens, 2, True)
 
 
+def test_zero3_step_makes_fp32_gradients_one_sub_group_at_a_time():
+    # 7.18B on one GPU: sub-groups of DeepSpeed's 1e9 elements, one may overshoot by at most the largest
+    # parameter (the 49152 x 4096 embedding, 201,326,592): 1,201,326,592 elements x (2 flattened + 4 fp32) bytes
+    p, largest = 7_180_914_688, 49152 * 4096
+    assert f.zero3_step_sub_group_elements(p, largest, 1) == 1_000_000_000 + largest
+    assert f.zero3_step_bytes(p, largest, 1, 2) == 6 * (1_000_000_000 + largest)  # 6.7 GiB
+    # over 2 GPUs the overshoot is one partition of that parameter; a GPU's share below 1e9 is one sub-group
+    assert f.zero3_step_sub_group_elements(p, largest, 2) == 1_000_000_000 + largest // 2
+    assert f.zero3_step_sub_group_elements(p, largest, 8) == p // 8
+
+
 def test_kv_cache_per_token():
     # Qwen2.5-14B, TP 4: 2 (K,V) x 48 layers x (8 kv heads / 4) x 128 head_dim x 2 bytes = 49,152 bytes
     assert f.kv_cache_bytes_per_token(QWEN_14B, 2, 4) == 49_152

@@ -149,6 +149,31 @@ def zero3_resident(
     )
 
 
+# DeepSpeed 0.19's `zero_optimization.sub_group_size` default (elements); the operator renders none.
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
+
+
+def zero3_step_sub_group_elements(params: int, largest_layer_params: int, world_size: int) -> int:
+    """Elements of the largest optimizer sub-group on one GPU. DeepSpeed 0.19 (`_create_fp16_sub_groups`) fills a
+    sub-group with whole parameter partitions until it holds `sub_group_size` elements, so it is at most that plus
+    one partition of the largest parameter, and never more than the GPU's P/N."""
+    n = max(1, world_size)
+    return min(params // n, DEEPSPEED_SUB_GROUP_ELEMENTS + -(-largest_layer_params // n))
+
+
+def zero3_step_bytes(params: int, largest_layer_params: int, world_size: int, dtype_bytes: int) -> int:
+    """What a ZeRO-3 optimizer step on the GPU allocates beyond the buffers it keeps between steps.
+
+    DeepSpeed 0.19 (`_prepare_fp32_grad_for_sub_group`, stage3.py) steps one sub-group at a time: it flattens the
+    sub-group's 16-bit gradient partitions into a new buffer (a B per element), casts that to fp32 (4 B), runs
+    the optimizer on it and frees both before the next sub-group. The step comes after the last backward, when the
+    activations are freed: this working set and the backward's do not add up. (DeepSpeed's estimator counts 4P/N
+    gradient bytes beside the activations instead: 2P/N more than the 16-bit partitions a backward fills.)
+    """
+    group = zero3_step_sub_group_elements(params, largest_layer_params, world_size)
+    return (4 + dtype_bytes) * group
+
+
 def reference_model_bytes(
     params: int, world_size: int, zero_stage: int, offload_parameters: bool, dtype_bytes: int
 ) -> int:

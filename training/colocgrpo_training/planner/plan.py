@@ -184,6 +184,10 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
             i.offload_parameters,
             f.zero3_bucket_elements(s.hidden_size, one_gpu_resident),
         )
+    # ZeRO-3 with the optimizer on the GPU: a backward fills the 16-bit gradient partitions, and the step makes
+    # fp32 gradients one sub-group at a time once the activations are gone (formulas.zero3_step_bytes).
+    gpu_step = resident is not None and not i.offload_optimizer
+    gradients = resident.lp_grads if resident is not None and gpu_step else states.gradients
     reference = f.reference_model_bytes(p, n, i.zero_stage, i.offload_parameters, a) if i.beta > 0 else 0
     tokens = i.per_device_train_batch_size * i.sequence_tokens
     completion_tokens = i.per_device_train_batch_size * min(i.completion_tokens, i.sequence_tokens)
@@ -215,7 +219,12 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
             + (f" / {n} GPUs" if i.zero_stage == 3 else "")
             + (" -> CPU" if i.offload_parameters else ""),
         ),
-        Term("training", "gradients", states.gradients, f"{stage}{offload}"),
+        Term(
+            "training",
+            "gradients",
+            gradients,
+            f"{stage}: 16-bit partitions; fp32 per sub-group at the step" if gpu_step else f"{stage}{offload}",
+        ),
         Term(
             "training",
             "optimizer states (fp32 master + Adam m, v)",
@@ -252,6 +261,20 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
             f"{completion_tokens} completion tokens; full logits would be "
             f"{_g(f.materialized_logits_bytes(s, completion_tokens))}",
         ),
+    ]
+    if gpu_step:
+        step = f.zero3_step_bytes(p, s.largest_layer_parameters(), n, a)
+        group = f.zero3_step_sub_group_elements(p, s.largest_layer_parameters(), n)
+        terms.append(
+            Term(
+                "training",
+                "ZeRO-3 step beyond the backward",
+                max(0, step - activations - lm_head),
+                f"a sub-group's gradients flattened and cast to fp32, {group / 1e6:.0f}M elements x {4 + a} B = "
+                f"{_g(step)}, once activations and LM head ({_g(activations + lm_head)}) are freed",
+            )
+        )
+    terms += [
         Term("training", "CUDA context + workspaces", context),
         Term(
             "training",
