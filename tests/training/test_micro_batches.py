@@ -1,0 +1,172 @@
+"""The micro-batch merge rule (planner/micro_batches.py): which settings give the same step, which factors divide,
+and the memory plan's verdicts, the 7.18B benchmark shape among them."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+from colocgrpo_training.planner import plan_from_spec
+from colocgrpo_training.planner.inputs import read_inputs
+from colocgrpo_training.planner.micro_batches import (
+    EXACT_LOSS_TYPES,
+    INEXACT_LOSS_TYPES,
+    MicroBatchMerge,
+    batch_shape,
+    exactness_problems,
+    factors,
+    plan_micro_batches,
+)
+from support import bench_7b
+
+LARGE = {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4, "steps_per_generation": 8}
+
+
+def test_loss_types_are_exact_except_bnpo():
+    for loss_type in EXACT_LOSS_TYPES:
+        assert exactness_problems({"loss_type": loss_type}) == [], loss_type
+    assert exactness_problems({}) == []  # TRL's default loss_type dapo
+    assert exactness_problems({"loss_type": "bnpo"}) == [
+        "loss_type bnpo divides each micro-batch by its own token count"
+    ]
+    assert "is not one whose normalisation this rule knows" in exactness_problems({"loss_type": "new_in_trl_1_17"})[0]
+
+
+def test_every_loss_type_trl_computes_is_classified():
+    trl = pytest.importorskip("trl")
+    source = inspect.getsource(trl.GRPOTrainer._compute_loss)
+    named = set(re.findall(r'"([a-z_]+)"', " ".join(re.findall(r"self\.loss_type (?:==|in) ([^:]+):", source))))
+    assert {"grpo", "bnpo", "dapo", "vespo"} <= named
+    assert named == set(EXACT_LOSS_TYPES) | set(INEXACT_LOSS_TYPES)
+
+
+@pytest.mark.parametrize(
+    ("settings", "model_config", "why"),
+    [
+        ({"top_entropy_quantile": 0.2}, None, "entropy quantile over each micro-batch"),
+        ({"entropy_coef": 0.01}, None, "entropy bonus"),
+        ({"use_adaptive_entropy": True}, None, "entropy bonus"),
+        ({}, {"num_local_experts": 8, "output_router_logits": False}, "router loss"),
+        ({}, {"text_config": {"num_experts": 64}}, "router loss"),
+        ({}, {"attention_dropout": 0.1}, "dropout (attention_dropout 0.1)"),
+        ({}, {"resid_pdrop": 0.1, "embd_pdrop": 0.0}, "dropout (resid_pdrop 0.1)"),
+    ],
+)
+def test_options_that_change_the_step(settings, model_config, why):
+    (problem,) = exactness_problems(settings, model_config)
+    assert why in problem
+    assert plan_micro_batches({**LARGE, **settings}, None, pin="auto", model_config=model_config).factor == 1
+
+
+def test_options_that_keep_the_step():
+    kept = {"top_entropy_quantile": 1.0, "entropy_coef": 0.0, "num_iterations": 2, "beta": 0.04, "delta": 2.0}
+    assert exactness_problems(kept, {"attention_dropout": 0.0, "hidden_act": "silu"}) == []
+    # a Mixture-of-Experts model whose router loss is switched off
+    assert exactness_problems({"router_aux_loss_coef": 0.0}, {"num_experts": 64}) == []
+
+
+def test_factors_divide_accumulation_and_generation_steps():
+    assert factors(4, 8) == [4, 2, 1]
+    assert factors(6, 4) == [2, 1]
+    assert factors(3, 8) == [1]
+    assert factors(1, 1) == [1]
+
+
+def test_batch_shape_resolves_steps_per_generation_as_trl_does():
+    assert batch_shape({}, 1) == (8, 1, 1)  # TRL/transformers defaults: S = G
+    assert batch_shape({"gradient_accumulation_steps": 4}, 1) == (8, 4, 4)
+    assert batch_shape({"per_device_train_batch_size": 16, "generation_batch_size": 256}, 2) == (16, 1, 8)
+
+
+def test_rewrite_keeps_the_rows_per_step_and_generation():
+    merge = MicroBatchMerge(2, 16, 4, 8, "test")
+    assert merge.rewrite(LARGE) == {
+        "per_device_train_batch_size": 32,
+        "gradient_accumulation_steps": 2,
+        "steps_per_generation": 4,
+    }
+    # unset steps_per_generation stays unset: TRL derives S/k from G (or from generation_batch_size)
+    derived = merge.rewrite({"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4})
+    assert "steps_per_generation" not in derived
+    assert merge.rewrite({**LARGE, "loss_type": "dapo"})["loss_type"] == "dapo"
+    assert MicroBatchMerge(1, 16, 4, 8, "kept").rewrite(LARGE) == LARGE
+
+
+def test_rewritten_settings_are_what_grpoconfig_accepts(tmp_path):
+    trl = pytest.importorskip("trl")
+    common = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": [], "num_generations": 8}
+    by_generation_batch = {
+        "per_device_train_batch_size": 16,
+        "gradient_accumulation_steps": 2,
+        "generation_batch_size": 128,
+    }
+    for settings, k in ((LARGE, 4), (by_generation_batch, 2)):
+        before = trl.GRPOConfig(**common, **settings)
+        merge = plan_micro_batches(settings, None, pin=k)
+        after = trl.GRPOConfig(**common, **merge.rewrite(settings))
+        assert after.generation_batch_size == before.generation_batch_size == 128
+        assert after.per_device_train_batch_size == before.per_device_train_batch_size * k
+        assert after.gradient_accumulation_steps * k == before.gradient_accumulation_steps
+        assert after.steps_per_generation * k == before.steps_per_generation == 8
+
+
+def test_pins():
+    assert plan_micro_batches(LARGE, None, pin="off").factor == 1
+    pinned = plan_micro_batches(LARGE, None, pin=4)
+    assert pinned.factor == 4 and "pinned" in pinned.reason
+    with pytest.raises(ValueError, match="must divide gradient_accumulation_steps 4 and steps_per_generation 8"):
+        plan_micro_batches(LARGE, None, pin=8)
+    with pytest.raises(ValueError, match="would change the step: loss_type bnpo"):
+        plan_micro_batches({**LARGE, "loss_type": "bnpo"}, None, pin=2)
+    assert plan_micro_batches({**LARGE, "loss_type": "bnpo"}, None, pin=1).factor == 1
+
+
+def test_no_plan_no_merge():
+    merge = plan_micro_batches(LARGE, None, no_plan_reason="no memory plan: no CUDA device")
+    assert merge.factor == 1 and merge.reason == "no memory plan: no CUDA device"
+    assert "kept at 16 rows (4 per optimizer step)" in merge.message()
+    assert plan_micro_batches({"gradient_accumulation_steps": 3, "steps_per_generation": 8}, None).reason == (
+        "gradient_accumulation_steps 3 and steps_per_generation 8 have no common factor"
+    )
+
+
+# ------------------------------------------------------------------ memory: the 7.18B benchmark shape
+def test_7b_as_measured_merges_two_not_four(tmp_path):
+    # The measurement (docs/benchmarks/raw/zero3-variants-5a462f3.md): 2 x 32 rows fit at 129.4 GiB, 1 x 64 ran out
+    # of 139.8 GiB. It ran without checkpointing in effect (eval mode): plan that.
+    inputs = read_inputs(bench_7b.spec(tmp_path, checkpointing=False))
+    merge = plan_micro_batches(bench_7b.trainer_args(checkpointing=False), inputs)
+    assert merge.factor == 2
+    peaks = dict(merge.peaks_gib)
+    assert peaks[4] > 139.8 > merge.limit_gib >= peaks[2]
+    assert merge.limit_gib == pytest.approx(0.95 * 139.8)
+    assert "merging 4 would need 152.6 GiB" in merge.reason
+    assert merge.message().startswith("training micro-batches merged 2 into 1: 2 x 32 rows per optimizer step")
+
+
+def test_7b_as_trained_merges_all_four(tmp_path):
+    # TRL trains in training mode, so checkpointing applies: 64 rows hold 3.3 GiB of activations, under the
+    # optimizer step's 6.7 GiB; the training peak does not grow at all from 16 to 64 rows.
+    inputs = read_inputs(bench_7b.spec(tmp_path))
+    merge = plan_micro_batches(bench_7b.trainer_args(), inputs)
+    assert merge.factor == 4
+    assert merge.rewrite(bench_7b.trainer_args())["per_device_train_batch_size"] == 64
+    ((k, peak),) = merge.peaks_gib
+    assert k == 4 and peak == pytest.approx(plan_from_spec(bench_7b.spec(tmp_path)).per_gpu_training_gib)
+    assert peak < merge.limit_gib
+
+
+def test_no_headroom_keeps_the_micro_batch(tmp_path):
+    # on an 80 GiB GPU the 7.18B trainer's 107 GiB of states do not fit even unmerged
+    inputs = read_inputs(bench_7b.spec(tmp_path), gpu_memory_gib=80.0)
+    merge = plan_micro_batches(bench_7b.trainer_args(), inputs)
+    assert merge.factor == 1 and "unmerged, over 76.0 GiB" in merge.reason
+    assert [k for k, _ in merge.peaks_gib] == [4, 2, 1]
+
+
+def test_an_inexact_setting_is_never_merged_whatever_the_room(tmp_path):
+    inputs = read_inputs(bench_7b.spec(tmp_path))
+    merge = plan_micro_batches({**bench_7b.trainer_args(), "loss_type": "bnpo"}, inputs)
+    assert merge.factor == 1 and merge.peaks_gib == ()
