@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from colocgrpo_training.config import SleepPolicy, TrainerConfig
 from colocgrpo_training.failures import InvalidConfigError
+from colocgrpo_training.micro_batching import merge_micro_batches
 
 if TYPE_CHECKING:
     from trl import GRPOConfig
@@ -93,12 +94,22 @@ def grpo_kwargs(config: TrainerConfig, reward_weights: list[float] | None = None
 
 
 def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None = None) -> GRPOConfig:
-    """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`."""
+    """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`.
+
+    The training micro-batch is merged where the step stays the same and the memory plan allows
+    (micro_batching.py: fewer, larger micro-batches; `COLOCGRPO_MICRO_BATCH_MERGE=off` keeps them as set)."""
     import dataclasses
 
     from trl import GRPOConfig
 
-    kwargs = grpo_kwargs(config, reward_weights)
+    kwargs, _ = merge_micro_batches(
+        grpo_kwargs(config, reward_weights),
+        model=config.model.name_or_path,
+        revision=config.model.revision,
+        dtype=config.model.dtype,
+        vllm=config.vllm,
+        max_prompt_tokens=config.dataset.max_prompt_tokens,
+    )
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(kwargs) - known)
     if unknown:

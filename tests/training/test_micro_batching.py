@@ -1,0 +1,145 @@
+"""micro_batching.py: the facts a training process reads for the merge, and the GRPOConfig a real job gets."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from colocgrpo_training import micro_batching
+from colocgrpo_training.config import TrainerConfig, VLLMSettings
+from colocgrpo_training.failures import InvalidConfigError
+from colocgrpo_training.micro_batching import (
+    MERGE_ENV,
+    deepspeed_settings,
+    merge_micro_batches,
+    merge_pin,
+    model_config,
+)
+from colocgrpo_training.planner.shapes import PlanInputError
+from support import bench_7b
+
+pytestmark = pytest.mark.trainer
+
+BENCH_VLLM = VLLMSettings(gpu_memory_utilization=bench_7b.BENCH_UTILIZATION, max_model_len=512)
+
+
+def test_merge_pin_values():
+    assert merge_pin({}) == "auto"
+    assert merge_pin({MERGE_ENV: "auto"}) == "auto"
+    assert merge_pin({MERGE_ENV: " OFF "}) == "off"
+    assert merge_pin({MERGE_ENV: "2"}) == 2
+    for bad in ("0", "-2", "yes", "1.5"):
+        with pytest.raises(InvalidConfigError, match=f"{MERGE_ENV}="):
+            merge_pin({MERGE_ENV: bad})
+
+
+def one_gpu_deepspeed_file(tmp_path) -> dict[str, str]:
+    """The environment accelerate gives a process of a one-GPU job: the operator's deepspeed.json."""
+    from bench.machine_job import machine_job
+    from colocgrpo_operator.render import deepspeed_config
+
+    path = tmp_path / "deepspeed.json"
+    path.write_text(json.dumps(deepspeed_config(machine_job(gpus=1))))
+    return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(path)}
+
+
+def test_deepspeed_settings_from_the_file_accelerate_names(tmp_path):
+    assert deepspeed_settings({}) == {"zeroStage": 0}
+    environ = one_gpu_deepspeed_file(tmp_path)
+    assert deepspeed_settings(environ) == {"zeroStage": 3, "offloadOptimizer": "none", "offloadParams": "none"}
+    (tmp_path / "auto.json").write_text(json.dumps({"zero_optimization": {"stage": "auto"}}))
+    with pytest.raises(PlanInputError, match="is not a number"):
+        deepspeed_settings({**environ, "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "auto.json")})
+    with pytest.raises(PlanInputError, match="cannot read"):
+        deepspeed_settings({**environ, "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "missing.json")})
+
+
+def test_model_config_from_a_local_folder(tmp_path):
+    folder = bench_7b.model_dir(tmp_path)
+    assert model_config(str(folder)) == (str(folder), bench_7b.CONFIG)
+    # neither a folder nor a Hub id: the planner's built-in table gets the name
+    assert model_config(str(tmp_path / "absent" / "model")) == (str(tmp_path / "absent" / "model"), None)
+
+
+def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, monkeypatch, caplog):
+    # Everything a pod's process reads, but the GPU: its memory is the H200's torch total_memory.
+    monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: 139.8)
+    environ = {**one_gpu_deepspeed_file(tmp_path), "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    grpo = {**bench_7b.trainer_args(), "learning_rate": 1e-6}
+    with caplog.at_level(logging.INFO, logger="colocgrpo.micro_batches"):
+        merged, merge = merge_micro_batches(
+            grpo,
+            model=str(bench_7b.model_dir(tmp_path)),
+            dtype="bfloat16",
+            vllm=BENCH_VLLM,
+            max_prompt_tokens=40,
+            environ=environ,
+        )
+    assert merge.factor == 4
+    assert merged == {
+        **grpo,
+        "per_device_train_batch_size": 64,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 2,
+    }
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("training micro-batches merged 4 into 1: 1 x 64 rows per optimizer step instead of 4 x 16")
+    assert "within 132.8 GiB (95 % of 139.8)" in line
+    # two processes on the node: each GPU holds half the ZeRO-3 states (P/N), so the peak is far lower
+    two = {**environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    _, merge = merge_micro_batches(
+        grpo,
+        model=str(bench_7b.model_dir(tmp_path)),
+        dtype="bfloat16",
+        vllm=BENCH_VLLM,
+        max_prompt_tokens=40,
+        environ=two,
+    )
+    assert merge.factor == 4 and merge.peaks_gib[0][1] < 70
+
+
+def test_without_a_gpu_or_with_merging_off_nothing_changes(tmp_path, monkeypatch):
+    grpo = bench_7b.trainer_args()
+    common = dict(model=str(bench_7b.model_dir(tmp_path)), dtype="bfloat16", vllm=BENCH_VLLM, max_prompt_tokens=40)
+    monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: None)
+    kept, merge = merge_micro_batches(grpo, **common, environ={})
+    assert kept == grpo and merge.factor == 1 and merge.reason == "no memory plan: no CUDA device"
+    monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: 139.8)
+    kept, merge = merge_micro_batches(grpo, **common, environ={MERGE_ENV: "off"})
+    assert kept == grpo and merge.reason == "merging is off (COLOCGRPO_MICRO_BATCH_MERGE=off)"
+    # an unplannable process (DeepSpeed on, its file missing) keeps the micro-batch and says why
+    kept, merge = merge_micro_batches(grpo, **common, environ={"ACCELERATE_USE_DEEPSPEED": "true"})
+    assert kept == grpo and merge.reason.startswith("no memory plan: deepspeed: DeepSpeed is on but")
+    pinned, merge = merge_micro_batches(grpo, **common, environ={MERGE_ENV: "2"})
+    assert merge.factor == 2 and pinned["per_device_train_batch_size"] == 32
+    with pytest.raises(InvalidConfigError, match="would change the step: loss_type bnpo"):
+        merge_micro_batches({**grpo, "loss_type": "bnpo"}, **common, environ={MERGE_ENV: "2"})
+
+
+def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir, monkeypatch):
+    from colocgrpo_training.grpo_args import build_grpo_config
+
+    config = TrainerConfig.model_validate(
+        {
+            "job": {"name": "j", "namespace": "n"},
+            "model": {"name_or_path": str(tiny_model_dir), "dtype": "float32"},
+            "dataset": {"name_or_path": "d"},
+            "rewards": [{"function": "format"}],
+            "vllm": {"enabled": False},
+            "checkpoint": {"dir": str(tmp_path)},
+            "grpo": {
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 2,
+                "num_generations": 4,
+                "use_cpu": True,
+            },
+        }
+    )
+    args = build_grpo_config(config)  # a CPU job: no memory plan, nothing merged
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (4, 2, 2)
+    monkeypatch.setenv(MERGE_ENV, "2")
+    args = build_grpo_config(config)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (8, 1, 1)
+    assert args.generation_batch_size == 8

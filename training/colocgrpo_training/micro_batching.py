@@ -1,0 +1,183 @@
+"""This training process's facts → the memory planner's inputs → the micro-batch merge (planner/micro_batches.py).
+
+`merge_micro_batches` is what a real job (`grpo_args.build_grpo_config`) and the GPU benchmark's own contenders
+(bench/grpo_step.py) call on their GRPOConfig keyword arguments before building the GRPOConfig. The facts it
+reads, none of them in the trainer config:
+
+- the processes: `WORLD_SIZE` and `LOCAL_WORLD_SIZE` (set by `accelerate launch` / torchrun; 1 otherwise);
+- the GPU's memory: torch's `total_memory` of this process's device (`LOCAL_RANK`), the number vLLM's
+  utilization multiplies; no CUDA device, no plan;
+- ZeRO: the DeepSpeed file accelerate hands the process (`ACCELERATE_DEEPSPEED_CONFIG_FILE`, the operator's
+  deepspeed.json): stage and offloads; without DeepSpeed, stage 0;
+- the model's shape: its config.json (a local folder, else the Hugging Face cache or Hub, where the trainer loads
+  the model from anyway), else the planner's built-in table by name.
+
+`COLOCGRPO_MICRO_BATCH_MERGE` (set it in `spec.podTemplate.env`): `auto` (default), `off`, or a factor to use as
+given (it must divide gradient_accumulation_steps and steps_per_generation, and the merge must be exact).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from colocgrpo_training.config import VLLMSettings
+from colocgrpo_training.failures import InvalidConfigError
+from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
+from colocgrpo_training.planner.micro_batches import MicroBatchMerge, Pin, plan_micro_batches
+from colocgrpo_training.planner.shapes import PlanInputError
+
+log = logging.getLogger("colocgrpo.micro_batches")
+
+MERGE_ENV = "COLOCGRPO_MICRO_BATCH_MERGE"
+GIB = 1024**3
+
+
+def merge_pin(environ: Mapping[str, str]) -> Pin:
+    """`COLOCGRPO_MICRO_BATCH_MERGE`: auto (unset), off, or a positive factor."""
+    value = environ.get(MERGE_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value == "off":
+        return "off"
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise InvalidConfigError(f"{MERGE_ENV}={value!r}: expected auto, off or a merge factor (1, 2, 4, ...)")
+
+
+def gpu_memory_gib(environ: Mapping[str, str]) -> float | None:
+    """torch's total_memory of this process's GPU, in GiB; None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = int(environ.get("LOCAL_RANK", "0") or 0)
+    return torch.cuda.get_device_properties(device).total_memory / GIB
+
+
+def deepspeed_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The planner's `spec.deepspeed` from the DeepSpeed file accelerate passes; stage 0 without DeepSpeed.
+    Raises PlanInputError when the file cannot be read or leaves the stage to "auto"."""
+    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true":
+        return {"zeroStage": 0}
+    path = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if not path:
+        raise PlanInputError("deepspeed", "DeepSpeed is on but accelerate named no DeepSpeed file")
+    try:
+        zero = json.loads(Path(path).read_text()).get("zero_optimization") or {}
+    except (OSError, ValueError, AttributeError) as err:
+        raise PlanInputError("deepspeed", f"cannot read {path}: {err}") from None
+    stage = zero.get("stage", 0)
+    if not isinstance(stage, int):
+        raise PlanInputError("deepspeed", f"zero_optimization.stage {stage!r} in {path} is not a number")
+
+    def device(section: str) -> str:
+        value = zero.get(section)
+        return str(value.get("device", "none")) if isinstance(value, Mapping) else "none"
+
+    return {
+        "zeroStage": stage,
+        "offloadOptimizer": device("offload_optimizer"),
+        "offloadParams": device("offload_param"),
+    }
+
+
+def model_config(name_or_path: str, revision: str | None = None) -> tuple[str, dict[str, Any] | None]:
+    """(what the planner reads the shape from, the model's config.json): a local folder as it is; a Hub id's
+    config.json from the cache or the Hub (its snapshot folder); otherwise the name (the planner's table)."""
+    local = Path(name_or_path).expanduser()
+    file = local / "config.json"
+    if not file.is_file():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            file = Path(hf_hub_download(name_or_path, "config.json", revision=revision))
+        except (OSError, ValueError):  # offline and not cached, not a repo id, no such repo
+            return name_or_path, None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return name_or_path, None
+    return (str(file.parent), data) if isinstance(data, dict) else (name_or_path, None)
+
+
+def plan_inputs_for(
+    grpo: Mapping[str, Any],
+    *,
+    model: str,
+    dtype: str,
+    vllm: VLLMSettings,
+    max_prompt_tokens: int | None,
+    world_size: int,
+    local_world_size: int,
+    gpu_memory_gib: float,
+    deepspeed: Mapping[str, Any],
+) -> PlanInputs:
+    """The planner's inputs for a job that runs as this process does (raises PlanInputError)."""
+    spec = {
+        "model": {"name": model, "dtype": dtype},
+        "resources": {"nodes": max(1, world_size // max(1, local_world_size)), "gpusPerNode": local_world_size},
+        "deepspeed": dict(deepspeed),
+        "vllm": {
+            "tensorParallelSize": vllm.tensor_parallel_size,
+            "gpuMemoryUtilization": vllm.gpu_memory_utilization,
+            "sleepPolicy": vllm.sleep_policy.value,
+            "maxModelLen": vllm.max_model_len,
+            "maxNumSeqs": vllm.max_num_seqs,
+            "offloadTrainerState": vllm.offload_trainer_state,
+        },
+        "dataset": {"maxPromptTokens": max_prompt_tokens},
+        "trainerArgs": dict(grpo),
+    }
+    return read_inputs(spec, gpu_memory_gib=gpu_memory_gib)
+
+
+def merge_micro_batches(
+    grpo: Mapping[str, Any],
+    *,
+    model: str,
+    dtype: str,
+    vllm: VLLMSettings,
+    max_prompt_tokens: int | None,
+    revision: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[dict[str, Any], MicroBatchMerge]:
+    """`grpo` rewritten with the merged micro-batch, and the decision (logged here, one line on rank 0)."""
+    pin = merge_pin(environ)
+    world = int(environ.get("WORLD_SIZE", "1") or 1)
+    local = int(environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    inputs: PlanInputs | None = None
+    model_json: dict[str, Any] | None = None
+    why = "no memory plan"
+    gpu: float | None = None
+    if pin == "auto" and not vllm.enabled:
+        why = "no memory plan: the planner covers jobs with colocated vLLM"
+    elif pin == "auto" and (gpu := gpu_memory_gib(environ)) is None:
+        why = "no memory plan: no CUDA device"
+    elif pin != "off":
+        where, model_json = model_config(model, revision)  # a pinned factor is checked against it too
+        if gpu is not None:
+            try:
+                inputs = plan_inputs_for(
+                    grpo,
+                    model=where,
+                    dtype=dtype,
+                    vllm=vllm,
+                    max_prompt_tokens=max_prompt_tokens,
+                    world_size=world,
+                    local_world_size=local,
+                    gpu_memory_gib=gpu,
+                    deepspeed=deepspeed_settings(environ),
+                )
+            except PlanInputError as err:
+                why = f"no memory plan: {err}"
+    try:
+        merge = plan_micro_batches(grpo, inputs, world_size=world, model_config=model_json, pin=pin, no_plan_reason=why)
+    except ValueError as err:
+        raise InvalidConfigError(f"{MERGE_ENV}: {err}") from err
+    log.info("%s", merge.message())
+    return merge.rewrite(grpo), merge
