@@ -258,13 +258,6 @@ def grpo_kwargs(
     )
 
 
-def grpo_args(contender: str, out: Path, steps: int, cpu: bool = False, **kwargs):
-    """The GRPOConfig of one contender (`grpo_kwargs`)."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(**grpo_kwargs(contender, out, steps, cpu, **kwargs))
-
-
 # ---------------------------------------------------------------- worker (one contender)
 class PeakSampler:
     """Whole-device memory in use (vLLM allocates outside torch's allocator), sampled every
@@ -361,9 +354,11 @@ def worker(
         for a in range(1, 30)
         for b in range(1, 30)
     ]
+    from trl import GRPOConfig
+
     config = SIZES[size]
     util = util if util is not None else config["gpu_memory_utilization"]
-    args = grpo_args(
+    grpo = grpo_kwargs(
         contender,
         out,
         warmup + measured,
@@ -378,13 +373,17 @@ def worker(
     def reward(completions, **kwargs):
         return [float(len(c[-1]["content"]) % 7) for c in completions]
 
-    kwargs = dict(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows))
     contender = contender.partition("@")[0]  # the DeepSpeed file was the launcher's business
+    merge = None
     if contender.startswith("trl-"):
-        trainer = GRPOTrainer(**kwargs)
+        # TRL as its users configure it: the micro-batch as given.
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[reward], args=GRPOConfig(**grpo), train_dataset=Dataset.from_list(rows)
+        )
     else:
         from colocgrpo_training.config import VLLMSettings
         from colocgrpo_training.generation import ColocGRPOTrainer
+        from colocgrpo_training.micro_batching import merge_micro_batches
 
         policy = contender.removeprefix("ours-").removesuffix("-offload")
         settings = VLLMSettings(
@@ -394,8 +393,25 @@ def worker(
             max_model_len=config["max_model_len"],
             offload_trainer_state=contender.endswith("-offload"),
         )
+        # A real job's micro-batch merge (grpo_args.build_grpo_config), on the same facts: this process's GPU,
+        # world size and DeepSpeed file; prompts of PROMPT_TOKENS, as a job's dataset.maxPromptTokens would say.
+        grpo, merge = merge_micro_batches(
+            grpo,
+            model=model,
+            dtype=grpo["model_init_kwargs"]["dtype"],
+            vllm=settings,
+            max_prompt_tokens=PROMPT_TOKENS,
+        )
+        print(f"[bench] {contender}: {merge.message()}", flush=True)
         extra = {} if no_grad_tokens is None else {"no_grad_tokens": no_grad_tokens}
-        trainer = ColocGRPOTrainer(**kwargs, generation_settings=settings, **extra)
+        trainer = ColocGRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=GRPOConfig(**grpo),
+            train_dataset=Dataset.from_list(rows),
+            generation_settings=settings,
+            **extra,
+        )
     if generate_only:
         result = generate_only_run(trainer, rows, config, generate_only, cuda, contender.startswith("trl-"))
         result.update(contender=contender, gpu_memory_utilization=util, size=size)
@@ -479,6 +495,7 @@ def worker(
         "profiling": {k: v for k, v in last.items() if k.startswith("profiling/")},
         "logp_diff": statistics.mean(logp_diffs) if logp_diffs else None,
         "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainer.model.parameters()),
+        "micro_batch_merge": merge.to_dict() if merge is not None else None,
     }
     if int(os.environ.get("RANK", "0")) == 0:
         (out / "result.json").write_text(json.dumps(result, indent=2))
@@ -694,6 +711,12 @@ def write_report(
     for r in results:
         for attempt in r.get("failed_attempts", []):
             lines.append(f"\n{r['contender']}: util {attempt['util']} {attempt['status']}")
+        if merge := r.get("micro_batch_merge"):
+            rows, steps = merge["per_device_train_batch_size"], merge["gradient_accumulation_steps"]
+            lines.append(
+                f"\n{r['contender']}: micro-batches of {rows[1]} rows x {steps[1]} per optimizer step "
+                f"(merge factor {merge['factor']}; set {rows[0]} x {steps[0]}): {merge['reason']}"
+            )
     if floor:
         lines.append(
             f"\nfloor: {floor['floor_s_per_step']:.4f} s/step for {params / 1e9:.2f}B parameters "
