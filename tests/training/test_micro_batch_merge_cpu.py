@@ -1,0 +1,133 @@
+"""Merged micro-batches compute TRL 1.16's GRPO step: a real GRPO run on CPU (tiny model, transformers generation),
+unmerged and merged from the same seed, agrees step by step; bnpo, which the rule marks as not exact, does not.
+
+SGD rather than Adam: Adam's m/sqrt(v) turns float noise in near-zero gradients into whole-step differences, which
+would hide what is compared. The model stops on many token ids, so completions differ in length and token counts
+differ between micro-batches (what bnpo's per-micro-batch normalisation is sensitive to).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """The tiny model, stopping on about a third of its vocabulary: completions of 1-6 tokens."""
+    from colocgrpo_training.tiny_model import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("short") / "model", seed=1)
+    config_file = path / "generation_config.json"
+    config = json.loads(config_file.read_text())
+    config["eos_token_id"] = [config["eos_token_id"], *range(100, 230)]
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+def _reward(completions, **kwargs):
+    return [float(len(str(c)) % 5) for c in completions]
+
+
+def settings(loss_type: str, tmp_path) -> dict:
+    return dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,  # two optimizer steps per generation
+        num_generations=4,
+        max_steps=4,  # two generations
+        max_completion_length=6,
+        loss_type=loss_type,
+        optim="sgd",
+        learning_rate=0.5,
+        max_grad_norm=1e9,  # no clipping: the gradients themselves are compared
+        beta=0.0,
+        seed=11,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def train(model_dir, kwargs: dict):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + {i % 3}?"}]} for i in range(16)]
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=[_reward], args=GRPOConfig(**kwargs), train_dataset=Dataset.from_list(rows)
+    )
+    lengths: list[int] = []
+    original = trainer._generate_and_score_completions
+
+    def recording(batch):
+        out = original(batch)
+        lengths.extend(out["completion_mask"].sum(1).tolist())
+        return out
+
+    trainer._generate_and_score_completions = recording  # type: ignore[method-assign]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    logs = [e for e in trainer.state.log_history if "loss" in e and "grad_norm" in e]
+    return {
+        "params": params,
+        "moved": max(float((params[n] - before[n]).abs().max()) for n in params),
+        "losses": [e["loss"] for e in logs],
+        "grad_norms": [e["grad_norm"] for e in logs],
+        "micro_steps": trainer._step,
+        "rows": trainer.args.per_device_train_batch_size,
+        "lengths": lengths,
+    }
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_merged_micro_batches_train_the_same_model(loss_type, short_model, tmp_path):
+    from colocgrpo_training.planner.micro_batches import plan_micro_batches
+
+    kwargs = settings(loss_type, tmp_path)
+    merge = plan_micro_batches(kwargs, None, pin=2)
+    assert merge.factor == 2
+    merged_kwargs = merge.rewrite(kwargs)
+    assert (merged_kwargs["per_device_train_batch_size"], merged_kwargs["gradient_accumulation_steps"]) == (4, 1)
+    assert merged_kwargs["steps_per_generation"] == 2
+
+    unmerged = train(short_model, kwargs)
+    merged = train(short_model, merged_kwargs)
+    assert (unmerged["rows"], unmerged["micro_steps"]) == (2, 8)
+    assert (merged["rows"], merged["micro_steps"]) == (4, 4)  # half the forwards and backwards
+    assert len(set(unmerged["lengths"])) > 1, "completions of one length: bnpo's control would prove nothing"
+    assert unmerged["lengths"] == merged["lengths"]  # the same completions, both generations
+    assert unmerged["moved"] > 1e-2, "the weights barely moved: agreement would prove nothing"
+    assert len(unmerged["losses"]) == len(merged["losses"]) == 4
+    assert merged["losses"] == pytest.approx(unmerged["losses"], rel=1e-4, abs=1e-6)
+    assert merged["grad_norms"] == pytest.approx(unmerged["grad_norms"], rel=1e-4)
+    assert max_difference(unmerged["params"], merged["params"]) < 1e-5
+
+
+def test_bnpo_merged_trains_a_different_model(short_model, tmp_path):
+    # bnpo divides each micro-batch by its own token count: merged, rows are weighted differently. The rule refuses
+    # it (test_micro_batches.py); forced here, the step really changes.
+    from colocgrpo_training.planner.micro_batches import MicroBatchMerge, exactness_problems
+
+    kwargs = settings("bnpo", tmp_path)
+    assert exactness_problems(kwargs)
+    unmerged = train(short_model, kwargs)
+    merged = train(short_model, MicroBatchMerge(2, 2, 2, 4, "forced").rewrite(kwargs))
+    assert unmerged["lengths"][:8] == merged["lengths"][:8]  # the same first generation (8 completions)
+    assert merged["grad_norms"][0] != pytest.approx(unmerged["grad_norms"][0], rel=1e-3)
+    assert max_difference(unmerged["params"], merged["params"]) > 1e-3
