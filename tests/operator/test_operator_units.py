@@ -191,7 +191,7 @@ def _apply_children(kube: _ChildCreator) -> None:
     body = tiny()
     with concurrent.futures.ThreadPoolExecutor(8) as executor:
         reconciler = Reconciler(kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"))
-        asyncio.run(reconciler._apply_children(body, ParsedSpec(body), new_job=True))
+        asyncio.run(reconciler._apply_children(reconciler._render(ParsedSpec(body), body), new_job=True))
 
 
 def test_a_new_jobs_children_are_created_at_once_and_never_its_job():
@@ -435,3 +435,89 @@ def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_dr
             assert kube.calls[writes:] == ["status"]
 
     asyncio.run(run())
+
+
+class _SlowCreates:
+    """Children and Jobs of many jobs: records how many jobs have creates in flight at once."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.in_flight: dict[str, int] = {}
+        self.most_jobs_at_once = 0
+        self.jobs_created: list[str] = []
+        # The first two jobs' first creates wait for each other: they can only meet if two
+        # jobs hold a slot at once (a single slot breaks the barrier after its timeout).
+        self.overlap = threading.Barrier(2, timeout=30)
+        self.met: set[str] = set()
+
+    def _enter(self, obj: dict) -> str:
+        owner = obj["metadata"]["labels"]["colocgrpo.io/job-name"]
+        with self.lock:
+            self.in_flight[owner] = self.in_flight.get(owner, 0) + 1
+            self.most_jobs_at_once = max(self.most_jobs_at_once, len(self.in_flight))
+        return owner
+
+    def _leave(self, owner: str) -> None:
+        with self.lock:
+            self.in_flight[owner] -= 1
+            if not self.in_flight[owner]:
+                del self.in_flight[owner]
+
+    def create(self, obj):
+        owner = self._enter(obj)
+        try:
+            with self.lock:
+                first = owner not in self.met and len(self.met) < 2
+                self.met.add(owner)
+            if first:
+                self.overlap.wait()
+            threading.Event().wait(0.005)  # an API round trip: lets other jobs' work interleave
+        finally:
+            self._leave(owner)
+        return True
+
+    def create_returning(self, obj):
+        owner = self._enter(obj)
+        try:
+            with self.lock:
+                self.jobs_created.append(owner)
+            return dict(obj, status={})
+        finally:
+            self._leave(owner)
+
+    def patch_annotations(self, namespace, name, uid, annotations):
+        return None
+
+    def patch_status(self, namespace, name, uid, patch, whole=False):
+        return None
+
+
+def test_a_burst_of_new_jobs_renders_and_creates_through_a_few_slots():
+    jobs = 24
+    kube = _SlowCreates()
+    bodies = []
+    for i in range(jobs):
+        body = tiny()
+        body["metadata"].update(name=f"job-{i:02d}", uid=f"uid-{i:02d}")
+        bodies.append(body)
+
+    async def run() -> None:
+        with concurrent.futures.ThreadPoolExecutor(16) as executor:
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-slots"), creation_slots=3)
+            await asyncio.gather(
+                *(
+                    reconciler.reconcile(
+                        ("ns", b["metadata"]["name"]),
+                        lambda b=b: (b, None, [], []),
+                        trigger="create",
+                        ensure_children=True,
+                        fresh_cr=b,
+                    )
+                    for b in bodies
+                )
+            )
+
+    asyncio.run(run())
+    assert sorted(kube.jobs_created) == sorted(b["metadata"]["name"] for b in bodies)
+    # 16 threads could serve 16 jobs' creates at once; the slots let no more than 3 in.
+    assert 2 <= kube.most_jobs_at_once <= 3

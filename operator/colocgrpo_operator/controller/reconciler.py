@@ -235,10 +235,20 @@ class Reconciler:
         default_image: trainer image for jobs whose spec names none (None: the renderer's default).
         executor: where blocking API calls run (kopf's executor, `--api-threads` threads).
         logger: phase transitions, gang restarts and background failures.
+        creation_slots: how many jobs render and create their children at once (at least 1). A
+            burst of new jobs queues for a slot with nothing rendered yet: with every job of a
+            500-job burst in flight at once, their rendered children and pending API calls were
+            the largest share of the operator's peak memory, and each job's Job came last
+            (docs/benchmarks/operator.md). The executor's size keeps its threads busy.
     """
 
     def __init__(
-        self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor, logger: logging.Logger
+        self,
+        kube: KubeApi,
+        default_image: str | None,
+        executor: concurrent.futures.Executor,
+        logger: logging.Logger,
+        creation_slots: int = 16,
     ):
         self.kube = kube
         self.default_image = default_image
@@ -254,6 +264,7 @@ class Reconciler:
         # an index that lags behind them could count a failure twice.
         self._known: dict[Key, _Known] = {}
         self._events_refused = False  # warned once that Events cannot be listed
+        self._creation_slots = asyncio.Semaphore(max(1, creation_slots))
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -556,18 +567,25 @@ class Reconciler:
         try:
             # A Job about to be (re)created gets every other child first: a job revived after its
             # children were refused or went missing would otherwise run without them.
-            if (ensure_children or action is derive.Action.CREATE_JOB) and (
+            apply = (ensure_children or action is derive.Action.CREATE_JOB) and (
                 desired.get("phase") not in derive.TERMINAL_PHASES
-            ):
-                await self._apply_children(cr, parsed, not previous, write_first_record())
+            )
+            if apply or action is derive.Action.CREATE_JOB:
+                async with self._creation_slots:
+                    rendered = await self._blocking(self._render, parsed, cr)
+                    if apply:
+                        await self._apply_children(rendered, not previous, write_first_record())
+                    await write_first_record()
+                    if action is derive.Action.CREATE_JOB:
+                        job_object = next(c for c in rendered if c.get("kind") == "Job")
+                        del rendered  # the other children are applied: only the Job is needed now
+                        created = await self._blocking(self._create_job, job_object, parsed, assessment.record, now)
+                        if created is not None:
+                            self.logger.info("created the gang's batch Job %s/%s", *key)
+                            # Judge from the Job just created, not from "no Job yet": saves writing a
+                            # Pending status that the Job's first watch event would overwrite at once.
+                            assessment, desired = decide(batch_job_snapshot(created))
             await write_first_record()
-            if action is derive.Action.CREATE_JOB:
-                created = await self._blocking(self._create_job, cr, parsed, assessment.record, now)
-                if created is not None:
-                    self.logger.info("created the gang's batch Job %s/%s", *key)
-                    # Judge from the Job just created, not from "no Job yet": saves writing a
-                    # Pending status that the Job's first watch event would overwrite at once.
-                    assessment, desired = decide(batch_job_snapshot(created))
         except KubeApiError as error:
             if error.status not in (400, 422):
                 raise
@@ -704,9 +722,7 @@ class Reconciler:
             kopf.adopt(child, owner=owner)
         return children
 
-    async def _apply_children(
-        self, cr: dict[str, Any], parsed: ParsedSpec, new_job: bool, alongside: Any = None
-    ) -> None:
+    async def _apply_children(self, rendered: list[dict[str, Any]], new_job: bool, alongside: Any = None) -> None:
         """Everything but the Job, server-side applied (creates or updates, idempotently), all at
         once: they do not depend on each other, and each is an API round trip of its own. One
         after another, they were most of a new job's time to its Job on a loaded API server
@@ -716,7 +732,7 @@ class Reconciler:
         Every child is tried before the first failure (in render order) is raised; the Job
         waits for all of them (its pods need the ConfigMap and the ServiceAccount).
         """
-        children = [c for c in await self._blocking(self._render, parsed, cr) if c.get("kind") != "Job"]
+        children = [c for c in rendered if c.get("kind") != "Job"]
         outcomes = await asyncio.gather(
             *([alongside] if alongside is not None else []),
             *(self._blocking(self._apply_child, child, new_job) for child in children),
@@ -742,9 +758,9 @@ class Reconciler:
             raise
 
     def _create_job(
-        self, cr: dict[str, Any], parsed: ParsedSpec, record: Record, now: datetime
+        self, job: dict[str, Any], parsed: ParsedSpec, record: Record, now: datetime
     ) -> dict[str, Any] | None:
-        job = next(c for c in self._render(parsed, cr) if c.get("kind") == "Job")
+        """Create the rendered batch Job (its deadline shortened to what the job has left)."""
         # A recreated gang gets what is left of the job's deadline, not a fresh one.
         remaining = derive.remaining_deadline(parsed.facts, record, now)
         if remaining is not None:
