@@ -235,20 +235,10 @@ class Reconciler:
         default_image: trainer image for jobs whose spec names none (None: the renderer's default).
         executor: where blocking API calls run (kopf's executor, `--api-threads` threads).
         logger: phase transitions, gang restarts and background failures.
-        creation_slots: how many jobs render and create their children at once (at least 1). A
-            burst of new jobs queues for a slot with nothing rendered yet: with every job of a
-            500-job burst in flight at once, their rendered children and pending API calls were
-            the largest share of the operator's peak memory, and each job's Job came last
-            (docs/benchmarks/operator.md). The executor's size keeps its threads busy.
     """
 
     def __init__(
-        self,
-        kube: KubeApi,
-        default_image: str | None,
-        executor: concurrent.futures.Executor,
-        logger: logging.Logger,
-        creation_slots: int = 16,
+        self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor, logger: logging.Logger
     ):
         self.kube = kube
         self.default_image = default_image
@@ -264,7 +254,6 @@ class Reconciler:
         # an index that lags behind them could count a failure twice.
         self._known: dict[Key, _Known] = {}
         self._events_refused = False  # warned once that Events cannot be listed
-        self._creation_slots = asyncio.Semaphore(max(1, creation_slots))
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -571,20 +560,19 @@ class Reconciler:
                 desired.get("phase") not in derive.TERMINAL_PHASES
             )
             if apply or action is derive.Action.CREATE_JOB:
-                async with self._creation_slots:
-                    rendered = await self._blocking(self._render, parsed, cr)
-                    if apply:
-                        await self._apply_children(rendered, not previous, write_first_record())
-                    await write_first_record()
-                    if action is derive.Action.CREATE_JOB:
-                        job_object = next(c for c in rendered if c.get("kind") == "Job")
-                        del rendered  # the other children are applied: only the Job is needed now
-                        created = await self._blocking(self._create_job, job_object, parsed, assessment.record, now)
-                        if created is not None:
-                            self.logger.info("created the gang's batch Job %s/%s", *key)
-                            # Judge from the Job just created, not from "no Job yet": saves writing a
-                            # Pending status that the Job's first watch event would overwrite at once.
-                            assessment, desired = decide(batch_job_snapshot(created))
+                # One render for the children and the Job (it builds the typed job's every object).
+                rendered = await self._blocking(self._render, parsed, cr)
+                if apply:
+                    await self._apply_children(rendered, not previous, write_first_record())
+                await write_first_record()
+                if action is derive.Action.CREATE_JOB:
+                    job_object = next(c for c in rendered if c.get("kind") == "Job")
+                    created = await self._blocking(self._create_job, job_object, parsed, assessment.record, now)
+                    if created is not None:
+                        self.logger.info("created the gang's batch Job %s/%s", *key)
+                        # Judge from the Job just created, not from "no Job yet": saves writing a
+                        # Pending status that the Job's first watch event would overwrite at once.
+                        assessment, desired = decide(batch_job_snapshot(created))
             await write_first_record()
         except KubeApiError as error:
             if error.status not in (400, 422):

@@ -104,13 +104,7 @@ class OperatorRuntime:
         the housekeeper over `indices`. Blocking API work runs in `executor` (kopf's, sized by
         `config.api_threads`). Raises OSError when the metrics port cannot be bound."""
         kube = KubeApi(credentials, field_manager=OPERATOR_NAME, pool_size=config.api_threads)
-        reconciler = Reconciler(
-            kube=kube,
-            default_image=config.trainer_image,
-            executor=executor,
-            logger=logger,
-            creation_slots=config.api_threads,
-        )
+        reconciler = Reconciler(kube=kube, default_image=config.trainer_image, executor=executor, logger=logger)
         housekeeper = Housekeeper(
             reconciler=reconciler,
             jobs=indices.jobs,
