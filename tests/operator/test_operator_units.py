@@ -435,4 +435,3 @@ def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_dr
             assert kube.calls[writes:] == ["status"]
 
     asyncio.run(run())
-
