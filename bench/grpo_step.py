@@ -24,8 +24,9 @@ Contenders: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload], eac
 @plain, @product or @none (no DeepSpeed). A contender that is not measured (skipped for the time
 budget, out of memory at every utilization, failed, timed out) makes the run exit 1.
 
-`--pair A,B --pair-index K`: the headline pair, A first for an even K and B first for an odd K
-(bench/pair_table.py aggregates a series of such runs). `--generate-only N`: no training, one
+`--pair A,B[,C...] --pair-index K`: one ours-* contender and one or more TRL configurations, the
+list rotated left by K (for a pair: A first for an even K, B first for an odd K); each TRL contender
+forms a pair with ours (bench/pair_table.py aggregates a series of such runs). `--generate-only N`: no training, one
 generation batch through each contender's engine 1 + N times. bench.json records the host (CPU
 model, GPU and driver, commit).
 
@@ -47,7 +48,7 @@ import os
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 
 from bench.child_process import install_stop_handlers, run_child
@@ -554,6 +555,8 @@ def host_info(repo: Path = REPO) -> dict:
     import subprocess
 
     info: dict = {"hostname": platform.node(), "cpu_count": os.cpu_count()}
+    with suppress(OSError):  # tells machines apart where every host has the same name
+        info["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -586,9 +589,12 @@ def host_info(repo: Path = REPO) -> dict:
 
 
 def pair_order(pair: list[str], index: int) -> list[str]:
-    """The headline pair in run order: as given for an even `index`, reversed for an odd one, so that
-    consecutive runs (index 0, 1, 2, ...) alternate which contender meets the machine first."""
-    return list(pair) if index % 2 == 0 else list(reversed(pair))
+    """The run's contenders in run order: the list rotated left by `index`, so that consecutive runs
+    (index 0, 1, 2, ...) change which contender meets the machine first. For a pair A,B that is A
+    first for an even index and B first for an odd one; for three, each takes every position once
+    in three runs."""
+    shift = index % len(pair)
+    return list(pair[shift:]) + list(pair[:shift])
 
 
 def incomplete(results: list[dict]) -> list[str]:
@@ -812,13 +818,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pair",
         default=None,
         type=lambda v: [check_contender(c) for c in v.split(",") if c],
-        help="the headline pair A,B (instead of --contenders), in the order --pair-index gives",
+        help="ours and one or more TRL configurations A,B[,C...] (instead of --contenders): one pair of ours "
+        "with each TRL contender, in the order --pair-index gives",
     )
     parser.add_argument(
         "--pair-index",
         type=int,
         default=0,
-        help="this run's number in a series of pairs: even runs A first, odd runs B first",
+        help="this run's number in a series: the --pair list rotated left by it (A,B: even runs A first)",
     )
     parser.add_argument(
         "--generate-only",
@@ -855,8 +862,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup_steps = config["warmup_steps"] if args.warmup_steps is None else args.warmup_steps
     args.measured_steps = config["measured_steps"] if args.measured_steps is None else args.measured_steps
     if args.pair is not None:
-        if len(args.pair) != 2 or args.contenders is not None:
-            parser.error("--pair takes exactly two contenders A,B, and no --contenders")
+        ours = [c for c in args.pair if c.startswith("ours-")]
+        if len(args.pair) < 2 or len(ours) != 1 or args.contenders is not None:
+            parser.error("--pair takes one ours-* contender and one or more TRL ones (A,B[,C...]), and no --contenders")
+        if len(set(args.pair)) != len(args.pair):
+            parser.error("--pair names a contender twice")
         if args.pair_index < 0:
             parser.error("--pair-index must be >= 0")
         args.contenders = pair_order(args.pair, args.pair_index)
@@ -1006,9 +1016,10 @@ def main(argv: list[str] | None = None) -> int:
     for contender in args.contenders:
         failed_attempts: list[dict] = []
         result: dict = {"contender": contender, "status": "skipped (every utilization tried ran out of memory)"}
-        # Highest utilization first; one that ran out of memory for an earlier contender is
-        # not tried again (it costs a whole engine build to fail).
-        for util in list(ladder):
+        # Highest utilization first, for every contender: one contender running out of memory says
+        # nothing of another's training state, and must not lower the utilization it is measured at.
+        tries = list(ladder)
+        for util in list(tries):
             elapsed = time.perf_counter() - began
             if elapsed + last_wall > args.budget_seconds:
                 result = {"contender": contender, "status": "skipped (time budget)"}
@@ -1096,7 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             status += " (out of memory)"
             failed_attempts.append({"util": util, "status": status, "wall_s": wall})
-            ladder.remove(util)
+            tries.remove(util)
         if failed_attempts:
             result["failed_attempts"] = failed_attempts
         results.append(result)

@@ -20,6 +20,25 @@ def test_pair_order_alternates_with_the_index():
         grpo_step.parse_args(["--out", "x", "--pair", "ours-auto"])
 
 
+def test_three_contenders_rotate_through_every_position():
+    three = ["ours-auto", "trl-sleep", "trl-sleep@product"]
+    orders = [grpo_step.pair_order(three, k) for k in range(4)]
+    assert orders[0] == three and orders[3] == three
+    assert orders[1] == ["trl-sleep", "trl-sleep@product", "ours-auto"]
+    # Over three runs each contender stands once in each position.
+    assert all(sorted(o[pos] for o in orders[:3]) == sorted(three) for pos in range(3))
+    args = grpo_step.parse_args(["--out", "x", "--pair", ",".join(three), "--pair-index", "2"])
+    assert args.contenders == ["trl-sleep@product", "ours-auto", "trl-sleep"]
+
+
+@pytest.mark.parametrize(
+    "pair", ["trl-sleep,trl-sleep@product", "ours-auto,ours-level1,trl-sleep", "ours-auto,trl-sleep,trl-sleep"]
+)
+def test_a_pair_needs_one_ours_and_distinct_trl_contenders(pair):
+    with pytest.raises(SystemExit):
+        grpo_step.parse_args(["--out", "x", "--pair", pair])
+
+
 def test_trl_without_deepspeed_is_a_contender():
     assert grpo_step.check_contender("trl-sleep@none") == "trl-sleep@none"
     assert grpo_step.deepspeed_file_key("trl-sleep@none") == "none"
@@ -43,11 +62,18 @@ def fake_bench(monkeypatch, tmp_path):
     launched: list[str] = []
 
     def run_child(cmd, env, work, timeout):
+        if "--make-model" in cmd:
+            (work / "model.json").write_text(json.dumps({"shape": "test", "params": 10, "path": str(tmp_path)}))
+            return 0, False
         contender = cmd[cmd.index("--worker") + 1]
-        launched.append(contender)
+        util = cmd[cmd.index("--util") + 1] if "--util" in cmd else None
+        launched.append(contender if util is None else f"{contender}:{util}")
         (work / "stderr.log").write_text("the child's log\n")
         if outcomes[contender] == "timeout":
             return 124, True
+        if outcomes[contender] == "oom" and util == "0.17":
+            (work / "stderr.log").write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+            return 1, False
         (work / "result.json").write_text(
             json.dumps(
                 {
@@ -57,6 +83,7 @@ def fake_bench(monkeypatch, tmp_path):
                     "step_times": [1.0, 1.0],
                     "breakdown_total_seconds": {},
                     "params": 10,
+                    "gpu_memory_utilization": None if util is None else float(util),
                 }
             )
         )
@@ -113,6 +140,20 @@ def test_a_complete_pair_passes(fake_bench, tmp_path):
     assert [r["contender"] for r in results] == ["ours-auto", "trl-sleep"]
 
 
+def test_one_contender_out_of_memory_lowers_no_others_utilization(fake_bench, tmp_path):
+    outcomes, launched = fake_bench
+    outcomes.update({"ours-auto": "ok", "trl-sleep@product": "oom"})
+    out = tmp_path / "out"
+    args = ["--out", str(out), "--cpu", "--size", "large", "--util-ladder", "0.17,0.14"]
+    code = grpo_step.main([*args, "--pair", "trl-sleep@product,ours-auto"])
+    assert code == 0
+    # TRL under the one-GPU file ran at the next utilization; ours, after it, still at the highest.
+    assert launched == ["trl-sleep@product:0.17", "trl-sleep@product:0.14", "ours-auto:0.17"]
+    results = json.loads((out / "bench.json").read_text())["results"]
+    assert [r["gpu_memory_utilization"] for r in results] == [0.14, 0.17]
+    assert results[0]["failed_attempts"][0]["status"].endswith("(out of memory)")
+
+
 def run_file(path: Path, index: int, machine: str, trl: str, ours_s: float, trl_s: float, incomplete=()) -> Path:
     path.write_text(
         json.dumps(
@@ -152,7 +193,11 @@ def test_the_pair_table_reports_every_pair_and_trls_best(tmp_path, capsys):
     assert "| a.json | 0 | ours-auto,trl-sleep | m1 | cpu of m1 |" in out  # every pair, in its run order
     assert "| b.json | 1 | trl-sleep,ours-auto | m1 |" in out
     assert out.count(".json | ") == 5
-    assert "ours ÷ floor: 4.000 (4.000–4.000, 5 pairs)" in out
+    assert "ours ÷ floor: 4.000 (4.000–4.000, 5 runs)" in out
+    # Three plain pairs: the plain targets get a verdict; product has one pair, too few for one.
+    assert "| ours ÷ trl-sleep@plain, median | all | 0.400 | 0.50 | 3 | met |" in out
+    assert "| ours ÷ trl-sleep@plain, median | m1 | 0.450 | 0.50 | 2 | met |" in out
+    assert "| ours ÷ TRL's best, median | all | 0.667 | 0.70 | 1 | too few pairs (< 3) |" in out
 
 
 def test_an_incomplete_run_is_listed_and_fails_the_table(tmp_path, capsys):
@@ -164,3 +209,45 @@ def test_an_incomplete_run_is_listed_and_fails_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "LEFT OUT: b.json: incomplete (trl-sleep: skipped (time budget))" in out
     assert "1 pairs" in out
+
+
+def triple_file(path: Path, index: int, ours_s: float, plain_s: float, product_s: float, boot_id: str) -> Path:
+    order = grpo_step.pair_order(["ours-auto", "trl-sleep", "trl-sleep@product"], index)
+    times = {"ours-auto": ours_s, "trl-sleep": plain_s, "trl-sleep@product": product_s}
+    path.write_text(
+        json.dumps(
+            {
+                "pair_index": index,
+                "contenders_in_run_order": order,
+                "host": {"hostname": "vm", "boot_id": boot_id, "cpu_model": "x", "gpu": "H200", "commit": "abc"},
+                "floor": {"floor_s_per_step": 0.5},
+                "incomplete": [],
+                "results": [{"contender": c, "median_s_per_step": times[c]} for c in order],
+            }
+        )
+    )
+    return path
+
+
+def test_a_run_of_ours_and_two_trl_files_gives_two_pairs_and_verdicts(tmp_path, capsys):
+    files = [
+        triple_file(tmp_path / "t0.json", 0, 1.6, 4.5, 3.0, "boot-a"),
+        triple_file(tmp_path / "t1.json", 1, 1.8, 5.0, 2.0, "boot-a"),
+        triple_file(tmp_path / "t2.json", 2, 2.1, 4.0, 2.5, "boot-b"),
+    ]
+    old = tmp_path / "old.json"
+    old.write_text((tmp_path / "t0.json").read_text().replace('"boot_id": "boot-a", ', ""))
+    extra = ["--machine", "old.json=m-old", "--json", str(tmp_path / "s.json")]
+    assert pair_table.main([*map(str, files), str(old), *extra]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert len(summary["pairs"]) == 8
+    assert {p["machine"] for p in summary["pairs"]} == {"boot-a", "boot-b", "m-old"}
+    assert summary["configurations"]["product"]["pairs"] == 4 and summary["trl_best"] == "product"
+    by = {(t["target"], t["scope"]): t for t in summary["targets"]}
+    # Against TRL's best: ratios 1.6/3, 1.8/2, 2.1/2.5, 1.6/3 -> worst 0.9 misses the 0.80 limit.
+    assert by[("ours ÷ TRL's best, worst pair", "all")]["verdict"] == "MISSED"
+    assert by[("ours ÷ TRL's best, worst pair", "all")]["value"] == pytest.approx(0.9)
+    assert by[("ours ÷ trl-sleep@plain, median", "all")]["verdict"] == "met"
+    assert by[("ours ÷ floor, worst run", "boot-b")]["value"] == pytest.approx(4.2)
+    assert by[("ours ÷ floor, worst run", "boot-b")]["verdict"] == "MISSED"
+    assert "| t1.json | 1 | trl-sleep,trl-sleep@product,ours-auto | boot-a |" in capsys.readouterr().out

@@ -8,6 +8,8 @@
 #   PARTS=push,bench ...                                     # + the push-source check (~1 min)
 #   PARTS=bench-large bash tests/gpu/drivers/run_on_device.sh        # the ~7B comparison (≤ 9 min)
 #   PARTS=pair PAIR=ours-auto,trl-sleep PAIR_INDEX=K bash ...        # one ~7B headline pair, order from K (≤ 9 min)
+#   PARTS=pair PAIR=ours-auto,trl-sleep,trl-sleep@product PAIR_MARGIN_S=30 PAIR_INDEX=K DEADLINE_S=585 bash ...
+#                                                                    # ours against both TRL DeepSpeed files (~8 min)
 #   PARTS=gen-compare bash tests/gpu/drivers/run_on_device.sh        # ~7B generate-only, both trainers (≤ 9 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
@@ -217,13 +219,15 @@ if [[ ",$PARTS," == *",bench-large,"* ]]; then
 fi
 
 if [[ ",$PARTS," == *",pair,"* ]]; then
-  # One headline pair at the large size: PAIR=A,B in the order PAIR_INDEX gives (even: A first, odd:
-  # B first); a contender skipped, failed or timed out makes the part fail. bench/pair_table.py
-  # aggregates the bench.json of several such runs.
+  # The headline pair at the large size: PAIR=A,B[,C] (ours and one or more TRL configurations), the
+  # list rotated left by PAIR_INDEX (a pair: even A first, odd B first); a contender skipped, failed or
+  # timed out makes the part fail. bench/pair_table.py aggregates the bench.json of several such runs.
+  # PAIR_MARGIN_S: no contender starts unless the last one's wall time would end this much before the
+  # part's limit (three contenders at 7B take ~400 s of a fresh call's ~500).
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
   large=(--size large); [[ "$CPU" == 1 ]] && large=(--cpu --size cpu)
   run_part pair $(( left + 20 )) "$PY" -m bench.grpo_step "${large[@]}" --out "$WORK/pair" \
-    --pair "${PAIR:-ours-auto,trl-sleep}" --pair-index "${PAIR_INDEX:-0}" --budget-seconds $(( left - 200 )) \
+    --pair "${PAIR:-ours-auto,trl-sleep}" --pair-index "${PAIR_INDEX:-0}" --budget-seconds $(( left - ${PAIR_MARGIN_S:-200} )) \
     --contender-timeout "${PAIR_TIMEOUT:-260}" "${SHAPE_ARGS[@]}" ${PAIR_ARGS:-}
   [[ -f "$WORK/pair/bench.md" ]] && cat "$WORK/pair/bench.md" >>"$SUMMARY"
   [[ -f "$WORK/pair/bench.json" ]] && cp "$WORK/pair/bench.json" "$OUT/pair-${PAIR_INDEX:-0}.json"
