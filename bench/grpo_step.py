@@ -53,6 +53,7 @@ from pathlib import Path
 
 from bench.child_process import install_stop_handlers, run_child
 from bench.machine_job import machine_job
+from bench.pair_table import working_tree_code
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -585,6 +586,7 @@ def host_info(repo: Path = REPO) -> dict:
         except (OSError, subprocess.SubprocessError):
             commit = None
     info["commit"] = commit or "unknown"
+    info["measured_code"] = working_tree_code(repo)
     return info
 
 

@@ -10,12 +10,14 @@ DeepSpeed): the median ratio over its pairs with the min–max, overall and per 
 configuration is the one of the two DeepSpeed ones (`@plain`, `@product`) with the lower median
 s/step over its pairs; `@none` (no DeepSpeed) is shown beside it as a reference. Last, the verdict
 on each target of issue #21 (`TARGETS`), overall and on every machine. A run that is incomplete (a
-contender skipped, failed or timed out) is listed and counted in no statistic.
+contender skipped, failed or timed out) is listed, and the pairs it did measure still count; the
+table then exits 1.
 
 A machine is told apart by the boot id the bench records (`host.boot_id`; every lent GPU machine
 has the host name `vm`); runs recorded before that field existed take a label from `--machine`.
 Pairs count as one series when they measured the same code: the git trees of `training/` and of the
-operator's renderer at each run's commit (`MEASURED_CODE`), looked up in this checkout.
+operator's renderer (`MEASURED_CODE`) as the run found them (`host.measured_code`), or for runs
+recorded before that field, at the run's commit, looked up in this checkout.
 """
 
 from __future__ import annotations
@@ -65,19 +67,48 @@ def measured_code(commit: str, repo: Path = REPO) -> str:
     return "+".join(trees)
 
 
+def working_tree_code(repo: Path = REPO) -> str:
+    """`measured_code` of the files as they are in `repo` (what a run executes), through a scratch index:
+    equal to `measured_code(commit)` when they match that commit. A GPU machine's copy of the checkout
+    can carry a newer tree than its git HEAD says."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env = dict(os.environ, GIT_INDEX_FILE=str(Path(scratch) / "index"))
+        trees = []
+        try:
+            for args in (["read-tree", "HEAD"], ["add", "-A", "--", *MEASURED_CODE]):
+                subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True, timeout=60, check=True)
+            for path in MEASURED_CODE:
+                out = subprocess.run(
+                    ["git", "-C", str(repo), "write-tree", f"--prefix={path}/"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=True,
+                )
+                trees.append(out.stdout.strip()[:8])
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+    return "+".join(trees)
+
+
 def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = None) -> tuple[list[dict], list[str]]:
-    """One row per TRL contender of every complete run with one ours contender (a run of ours and
-    two TRL configurations gives two pairs); the reasons other runs were left out."""
+    """One row per measured TRL contender of every run whose one ours contender was measured (a run of
+    ours and two TRL configurations gives two pairs), and what was not measured. A contender skipped or
+    failed in a run is named, and the pairs the run did measure still count: leaving them out would
+    choose which measurements to report."""
     rows, left_out = [], []
     for name, run in runs:
         results = run.get("results", [])
         if run.get("incomplete"):
             left_out.append(f"{name}: incomplete ({'; '.join(run['incomplete'])})")
-            continue
         ours = [r for r in results if r["contender"].startswith("ours-")]
-        trl = [r for r in results if r["contender"].startswith("trl-")]
-        if len(ours) != 1 or not trl or any("median_s_per_step" not in r for r in ours + trl):
-            left_out.append(f"{name}: not one measured ours with TRL ({[r['contender'] for r in results]})")
+        trl = [r for r in results if r["contender"].startswith("trl-") and "median_s_per_step" in r]
+        if len(ours) != 1 or "median_s_per_step" not in ours[0] or not trl:
+            left_out.append(f"{name}: no measured pair ({[r['contender'] for r in results]})")
             continue
         host = run.get("host", {})
         machine = (machines or {}).get(name) or host.get("boot_id") or host.get("hostname", "?")
@@ -95,7 +126,7 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
                     "cpu": host.get("cpu_model", "?"),
                     "gpu": host.get("gpu", "?"),
                     "commit": commit[:12],
-                    "code": measured_code(commit) if commit != "?" else "?",
+                    "code": host.get("measured_code") or (measured_code(commit) if commit != "?" else "?"),
                     "ours": o["contender"],
                     "ours_s": o["median_s_per_step"],
                     "trl": t["contender"],

@@ -200,15 +200,23 @@ def test_the_pair_table_reports_every_pair_and_trls_best(tmp_path, capsys):
     assert "| ours ÷ TRL's best, median | all | 0.667 | 0.70 | 1 | too few pairs (< 3) |" in out
 
 
-def test_an_incomplete_run_is_listed_and_fails_the_table(tmp_path, capsys):
-    files = [
-        run_file(tmp_path / "a.json", 0, "m1", "trl-sleep", 2.0, 5.0),
-        run_file(tmp_path / "b.json", 1, "m1", "trl-sleep", 2.0, 4.0, incomplete=["trl-sleep: skipped (time budget)"]),
-    ]
+def test_an_incomplete_run_is_listed_its_measured_pairs_count_and_the_table_fails(tmp_path, capsys):
+    skipped = "trl-sleep@product: skipped (time budget)"
+    b = run_file(tmp_path / "b.json", 1, "m1", "trl-sleep", 2.0, 4.0, incomplete=[skipped])
+    run = json.loads(b.read_text())
+    run["results"].append({"contender": "trl-sleep@product", "status": "skipped (time budget)"})
+    b.write_text(json.dumps(run))
+    c = run_file(tmp_path / "c.json", 0, "m1", "trl-sleep", 2.0, 4.0, incomplete=["ours-auto: failed (rc 1)"])
+    run = json.loads(c.read_text())
+    run["results"][0] = {"contender": "ours-auto", "status": "failed (rc 1)"}
+    c.write_text(json.dumps(run))
+    files = [run_file(tmp_path / "a.json", 0, "m1", "trl-sleep", 2.0, 5.0), b, c]
     assert pair_table.main([str(f) for f in files]) == 1
     out = capsys.readouterr().out
-    assert "LEFT OUT: b.json: incomplete (trl-sleep: skipped (time budget))" in out
-    assert "1 pairs" in out
+    assert f"LEFT OUT: b.json: incomplete ({skipped})" in out
+    # b's measured pair counts (leaving it out would pick what to report); c measured no ours.
+    assert "| b.json | 1 |" in out and "2 pairs" in out
+    assert "LEFT OUT: c.json: no measured pair" in out and "| c.json |" not in out
 
 
 def triple_file(path: Path, index: int, ours_s: float, plain_s: float, product_s: float, boot_id: str) -> Path:
@@ -251,3 +259,19 @@ def test_a_run_of_ours_and_two_trl_files_gives_two_pairs_and_verdicts(tmp_path, 
     assert by[("ours ÷ floor, worst run", "boot-b")]["value"] == pytest.approx(4.2)
     assert by[("ours ÷ floor, worst run", "boot-b")]["verdict"] == "MISSED"
     assert "| t1.json | 1 | trl-sleep,trl-sleep@product,ours-auto | boot-a |" in capsys.readouterr().out
+
+
+def test_the_measured_code_is_the_working_tree_not_head(tmp_path):
+    """A GPU machine's copy can hold a newer tree than its HEAD: the run records what it executed."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(pair_table.REPO), str(repo)], check=True)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    clean = pair_table.working_tree_code(repo)
+    assert clean == pair_table.measured_code(head, repo) and "?" not in clean
+    with (repo / "operator" / "colocgrpo_operator" / "render" / "__init__.py").open("a") as module:
+        module.write("# changed\n")
+    (repo / "training" / "new_module.py").write_text("x = 1\n")
+    changed = pair_table.working_tree_code(repo)
+    assert changed != clean and all(part != old for part, old in zip(changed.split("+"), clean.split("+"), strict=True))
