@@ -435,3 +435,31 @@ def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_dr
             assert kube.calls[writes:] == ["status"]
 
     asyncio.run(run())
+
+
+def test_diffbase_essence_is_kopfs_without_copying_metadata_and_status():
+    import kopf
+
+    from colocgrpo_operator.controller.startup import BoundedDiffBaseStorage
+
+    body = tiny()
+    body["metadata"].update(
+        labels={"team": "a"},
+        annotations={
+            "note": "kept",
+            "colocgrpo.io/last-handled-configuration": "{}",
+            "kopf.zalando.org/last-handled-configuration": "{}",
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+        },
+        managedFields=[{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:model": {}}}}],
+        resourceVersion="7",
+    )
+    body["status"] = {"phase": "Running", "conditions": [{"type": "Running", "status": "True"}]}
+    ours = BoundedDiffBaseStorage(prefix="colocgrpo.io", key="last-handled-configuration")
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix="colocgrpo.io", key="last-handled-configuration")
+    for sample in (body, {k: v for k, v in body.items() if k != "metadata"}, {"kind": "Pod"}):
+        essence = ours.build(body=kopf.Body(copy.deepcopy(sample)))
+        assert essence == kopfs.build(body=kopf.Body(copy.deepcopy(sample)))
+    essence = ours.build(body=kopf.Body(body))
+    assert essence["spec"] == body["spec"] and essence["spec"] is not body["spec"]  # a copy, as kopf's
+    assert essence["metadata"] == {"labels": {"team": "a"}, "annotations": {"note": "kept"}}
