@@ -15,6 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# libyaml's emitter where PyYAML has it (the same text, ~10x faster): the operator renders this
+# config for every new job, and in a 500-job burst the pure-Python emitter was most of that work.
+YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 CONFIG_VERSION = 1
 
 
@@ -113,7 +117,7 @@ class TrainerConfig(_Strict):
     grpo: dict[str, Any] = Field(default_factory=dict)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return yaml.dump(self.model_dump(mode="json"), Dumper=YAML_DUMPER, sort_keys=False)
 
     @classmethod
     def from_yaml(cls, text: str) -> TrainerConfig:

@@ -14,6 +14,7 @@ import yaml
 
 from colocgrpo_operator.api.model import ColocGRPOJob
 from colocgrpo_operator.api.naming import CONFIG_MOUNT_DIR, DEEPSPEED_CONFIG_KEY, RENDEZVOUS_PORT, rank0_address
+from colocgrpo_training.config import YAML_DUMPER
 
 # A ZeRO-3 parameter at or under this many elements is never released after use. DeepSpeed's
 # int maximum: every parameter, whatever the model.
@@ -151,4 +152,4 @@ def accelerate_config(job: ColocGRPOJob) -> dict[str, Any]:
 
 
 def render_accelerate_yaml(job: ColocGRPOJob) -> str:
-    return yaml.safe_dump(accelerate_config(job), sort_keys=False)
+    return yaml.dump(accelerate_config(job), Dumper=YAML_DUMPER, sort_keys=False)
