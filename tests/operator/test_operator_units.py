@@ -14,6 +14,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from rich.console import Console
 
 from colocgrpo_operator.cli.logs import pick_pod
@@ -111,15 +112,15 @@ def test_garbage_specs_are_refused_with_field_paths_never_raised(garbage, field)
         assert isinstance(path, str) and isinstance(message, str)
 
 
-def test_released_typed_job_renders_the_same_children_again():
-    # The reconciler drops each job's typed model after a reconcile (memory at 500 jobs) and
-    # parses it again when children must be rendered; the result must not differ.
+def test_parsed_spec_keeps_no_typed_job_and_renders_the_same_children_again():
+    # The reconciler keeps no job's typed model (memory at 500 jobs) and parses it again when
+    # children must be rendered; the result must not differ.
     body = tiny()
     reconciler = Reconciler(kube=None, default_image="img:1", executor=None, logger=None)
     parsed = ParsedSpec(body)
-    first = reconciler._render(parsed, body)
-    parsed.release()
     assert parsed.valid and parsed.facts is not None
+    assert not any(isinstance(v, BaseModel) for v in vars(parsed).values())
+    first = reconciler._render(parsed, body)
     assert reconciler._render(parsed, body) == first
 
 
