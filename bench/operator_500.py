@@ -71,6 +71,23 @@ def pod_phases(api: Any, namespace: str) -> dict[str, int]:
     return phases
 
 
+def wait_for_earlier_namespaces(api: Any, timeout: float) -> None:
+    """Wait until no namespace of an earlier run (bench-*) is being deleted: deleting one takes the
+    control plane tens of seconds (its 500 jobs, their children and pods), and a run that
+    starts meanwhile shares the two cores with that teardown."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items = (api.request("GET", "/api/v1/namespaces") or {}).get("items", [])
+        if not any(
+            ((ns.get("metadata") or {}).get("name") or "").startswith("bench-")
+            and (ns.get("status") or {}).get("phase") == "Terminating"
+            for ns in items
+        ):
+            return  # (one left by --keep is no teardown)
+        time.sleep(2)
+    print("warning: an earlier run's namespace is still being deleted", file=sys.stderr)
+
+
 def job_body(name: str, suspended: bool) -> dict[str, Any]:
     return {
         "apiVersion": "colocgrpo.io/v1alpha1",
@@ -202,6 +219,7 @@ def main() -> int:
         check=True,
         capture_output=True,
     )
+    wait_for_earlier_namespaces(api, args.timeout)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
 
