@@ -9,7 +9,8 @@ Measures, against the local control plane (or any cluster via --kubeconfig):
 - API requests per job: the operator's own handler requests (its request counter), and the
   apiserver's `apiserver_request_total` delta (all clients, and for colocgrpojobs only).
 
-Usage: python -m bench.operator_500 [--count 500] [--kubeconfig FILE] [--suspended] [--keep] [--operator-src DIR]
+Usage: python -m bench.operator_500 [--count 500] [--fresh-cluster] [--kubeconfig FILE] [--suspended] [--keep]
+       [--operator-src DIR]
 Results go to stdout as JSON; docs/benchmarks/operator.md records a run.
 """
 
@@ -192,6 +193,12 @@ def main() -> int:
     # Its own local cluster by default: 500-job bursts would stall the Job controller for anyone else
     # using the demo's cluster (`make demo`, tests reusing it).
     parser.add_argument("--cluster-name", default="colocgrpo-bench", help="local dev cluster to start/reuse")
+    parser.add_argument(
+        "--fresh-cluster",
+        action="store_true",
+        help="stop and remove the bench's own cluster first, so the run starts on an empty one (no earlier "
+        "run's objects, Events or teardown)",
+    )
     args = parser.parse_args()
 
     from colocgrpo_operator.controller.kube import KubeApi
@@ -199,6 +206,8 @@ def main() -> int:
     from colocgrpo_operator.devcluster.commands import start_operator
 
     cluster = DevCluster(name=args.cluster_name)
+    if args.fresh_cluster and not args.kubeconfig:
+        cluster.down()
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else cluster.up()
     if args.kubeconfig:
         cluster = None
