@@ -95,9 +95,8 @@ async def reconcile_job(
     new: Any,
     **_: Any,
 ) -> None:
-    """Validate, apply every child (idempotently) and derive status, in the background. Safe to
-    run any number of times: on create, on every spec change, and for every job when the
-    operator starts."""
+    """Validate, apply every child (idempotently) and derive status. Safe to run any number
+    of times: on create, on every spec change, and for every job when the operator starts."""
     key = (namespace, name)
     trigger = getattr(reason, "value", str(reason))
     ensure_children = True
@@ -114,15 +113,14 @@ async def reconcile_job(
                 body, reason="ImmutableField", message="; ".join(f"{path} {text}" for path, text in problems)[:1024]
             )
     runtime = runtime_of(memo)
-    # In a task of its own, retried there (Reconciler.reconcile_in_background says why): kopf
-    # drops this event's body once the handler returns.
-    runtime.reconciler.reconcile_in_background(
+    await runtime.reconciler.reconcile(
         key,
         runtime.indices.reader(key),
         trigger=trigger,
         ensure_children=ensure_children,
         fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
     )
+    runtime.reconciler.wake_up()  # a changed TTL or a finished job: let the clock look again
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)

@@ -217,9 +217,6 @@ _SECOND_CONTROLLER = "Only one reference can have Controller set to true"
 _KEPT_VERSIONS = 4
 # How soon a job whose predecessor's children are still there looks again.
 PREDECESSOR_RETRY_SECONDS = 2.0
-# How soon a failed reconcile of a job's create, update or resume is tried again (kopf's handler
-# retry backoff, startup.py).
-RETRY_SECONDS = 5.0
 
 
 class Reconciler:
@@ -327,8 +324,7 @@ class Reconciler:
         fresh_cr: dict[str, Any] | None = None,
     ) -> None:
         """Bring one job's children and status in line with the world. Raises on API errors
-        (`reconcile_in_background` retries the job handlers' ones; the periodic re-check covers
-        the rest).
+        (kopf retries handler-triggered reconciles; the periodic re-check covers the rest).
 
         Inputs are read only once the job's lock is held, so a burst of pod and Job events
         collapses: while one reconcile of a job waits for the lock, further event-triggered
@@ -357,58 +353,6 @@ class Reconciler:
         task = asyncio.get_running_loop().create_task(self._reconcile_logged(key, read_inputs, trigger))
         self._background.add(task)  # a reference, or the task could be garbage-collected mid-run
         task.add_done_callback(self._background.discard)
-
-    def reconcile_in_background(
-        self,
-        key: Key,
-        read_inputs: Callable[[], Inputs],
-        *,
-        trigger: str,
-        ensure_children: bool,
-        fresh_cr: dict[str, Any],
-    ) -> None:
-        """`reconcile`, in a task of its own, retried every RETRY_SECONDS until it succeeds, for
-        the job's create, update and resume handlers, which then return at once.
-
-        kopf holds the event a handler runs for (the whole job, managedFields and all) until the
-        handler returns, and queues the job's later events behind it: in a 500-job burst, every
-        new job's reconcile waits seconds for the API threads, and ~700 such bodies were alive
-        at once, the largest share of the operator's peak memory (docs/benchmarks/operator.md).
-        The retries are kopf's handler retries (same backoff), kept here; they stop once the job
-        is gone or replaced by another of its name. The reconcile wakes the housekeeping loop
-        when done (a changed TTL or a finished job).
-        """
-        task = asyncio.get_running_loop().create_task(
-            self._reconcile_retrying(key, read_inputs, trigger, ensure_children, fresh_cr)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _reconcile_retrying(
-        self,
-        key: Key,
-        read_inputs: Callable[[], Inputs],
-        trigger: str,
-        ensure_children: bool,
-        fresh_cr: dict[str, Any],
-    ) -> None:
-        uid = (fresh_cr.get("metadata") or {}).get("uid")
-        cr: dict[str, Any] | None = fresh_cr
-        while True:
-            try:
-                await self.reconcile(key, read_inputs, trigger=trigger, ensure_children=ensure_children, fresh_cr=cr)
-            except Exception as error:
-                self.logger.warning(
-                    "reconcile of %s/%s (%s) failed, again in %g s: %s", key[0], key[1], trigger, RETRY_SECONDS, error
-                )
-                await asyncio.sleep(RETRY_SECONDS)
-                cr = None  # from now on, what the index shows
-                indexed = read_inputs()[0]
-                if indexed is None or (indexed.get("metadata") or {}).get("uid") != uid:
-                    return  # gone, or replaced by a new job (which has events of its own)
-                continue
-            self.wake_up()
-            return
 
     async def _reconcile_logged(self, key: Key, read_inputs: Callable[[], Inputs], trigger: str) -> None:
         try:

@@ -38,7 +38,7 @@ from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPE
 from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
 from colocgrpo_operator.controller.namespaces import Insights
-from colocgrpo_operator.controller.reconciler import MAX_SPEC_BYTES, RETRY_SECONDS, Key
+from colocgrpo_operator.controller.reconciler import MAX_SPEC_BYTES, Key
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
 
@@ -49,7 +49,7 @@ REQUEST_TIMEOUT_SECONDS = 30
 WATCH_RECONNECT_BACKOFF_SECONDS = 1.0
 WORKER_IDLE_TIMEOUT_SECONDS = 0.5
 WORKER_EXIT_TIMEOUT_SECONDS = 2.0
-HANDLER_RETRY_BACKOFF_SECONDS = RETRY_SECONDS  # the job handlers' reconciles retry alike
+HANDLER_RETRY_BACKOFF_SECONDS = 5
 
 
 # The only metadata kopf's essence keeps (labels and annotations) and what its key naming reads.
