@@ -464,3 +464,17 @@ def test_diffbase_essence_is_kopfs_without_copying_metadata_and_status():
     essence = ours.build(body=kopf.Body(body))
     assert essence["spec"] == body["spec"] and essence["spec"] is not body["spec"]  # a copy, as kopf's
     assert essence["metadata"] == {"labels": {"team": "a"}, "annotations": {"note": "kept"}}
+
+
+def test_indexers_drop_the_events_managed_fields_and_nothing_else():
+    import kopf
+
+    from colocgrpo_operator.controller.handlers import jobs_by_name
+
+    raw = tiny()
+    raw["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    expected = copy.deepcopy(raw)
+    expected["metadata"]["managedFields"] = []
+    indexed = asyncio.run(jobs_by_name(namespace="ns", name="tiny-cpu", body=kopf.Body(raw)))
+    assert raw == expected  # kopf's own event object, as every later handler of the event sees it
+    assert indexed == {("ns", "tiny-cpu"): pack(job_resource_snapshot(expected))}

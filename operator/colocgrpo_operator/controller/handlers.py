@@ -26,6 +26,7 @@ from colocgrpo_operator.controller.reconciler import Key
 from colocgrpo_operator.controller.runtime import runtime_of
 from colocgrpo_operator.controller.snapshots import (
     batch_job_snapshot,
+    drop_managed_fields,
     has_view,
     job_resource_snapshot,
     pack,
@@ -47,11 +48,13 @@ CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
 # Indexers are async (though they never await) because kopf runs sync callbacks in its thread
 # pool: a thread hop per watch event would dominate the operator's CPU with hundreds of jobs.
 # Their function names are the indices' names, which the startup handler receives them under.
+# Each first drops the event's managedFields (snapshots.drop_managed_fields says why).
 
 
 @kopf.index(*RESOURCE)
 async def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, str]:
     """Every ColocGRPOJob, packed (controller/snapshots.py), by (namespace, name)."""
+    drop_managed_fields(body)
     return {(namespace, name): pack(job_resource_snapshot(body))}
 
 
@@ -60,6 +63,7 @@ async def batch_jobs_by_owner(
     namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, str] | None:
     """The gang's batch Job, packed, by its job's key (only the Job named after its job)."""
+    drop_managed_fields(body)
     if labels.get(JOB_NAME_LABEL) != name:
         return None
     return {(namespace, name): pack(batch_job_snapshot(body))}
@@ -68,6 +72,7 @@ async def batch_jobs_by_owner(
 @kopf.index("v1", "pods", labels=CHILD_LABELS)
 async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, str]:
     """Every pod labelled with a job's name, packed, by that job's key."""
+    drop_managed_fields(body)
     return {(namespace, labels[JOB_NAME_LABEL]): pack(pod_snapshot(body))}
 
 
@@ -75,6 +80,7 @@ async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **
 async def workloads_by_job(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, str] | None:
     """Kueue's Workloads of batch Jobs, packed, by (namespace, the Job's name): our Jobs are
     named after their job, and Kueue matches Workloads to Jobs by that name too."""
+    drop_managed_fields(body)
     owner = workload_owner_job(body)
     return {(namespace, owner): pack(workload_snapshot(body))} if owner else None
 

@@ -133,6 +133,20 @@ def workload_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
+def drop_managed_fields(body: Mapping[str, Any]) -> None:
+    """Empty the managedFields of a watch event's object, in place, as its indexer sees it.
+
+    kopf keeps the event's object while its handlers run (a new job's create handler waits
+    seconds for the API threads in a burst) and while the object's worker idles, and nothing in
+    the operator or in kopf reads managedFields: often the largest part of an object (one entry
+    per writer, each a tree of the fields it set), they are dropped before anything holds them.
+    The indexers run first for every event, so every later reader sees the object without them.
+    """
+    fields = (body.get("metadata") or {}).get("managedFields")
+    if isinstance(fields, list):
+        fields.clear()
+
+
 def pack(view: Mapping[str, Any]) -> str:
     """One view as the index keeps it (see the module docstring)."""
     return _compact(view)
