@@ -23,6 +23,7 @@ recorded before that field, at the run's commit, looked up in this checkout.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -51,6 +52,7 @@ def trl_file(contender: str) -> str:
     return contender.partition("@")[2] or "plain"
 
 
+@functools.cache  # one lookup per commit, not one per pair
 def measured_code(commit: str, repo: Path = REPO) -> str:
     """The git trees of `MEASURED_CODE` at `commit`, shortened; '?' where this checkout lacks it."""
     trees = []
