@@ -2,15 +2,15 @@
 
     python3 -m bench.machine_probe --out DIR [--touch-gib auto|N] [--chunk-gib 4] [--no-warm-up]
 
-The lent GPU machines are virtual machines: a fresh one ran every contender of its first two pair runs
-slower (ours 2.04 and 1.96 s/step against 1.60-1.64 later, TRL 6.5 against 4.4-5.8), which an absolute
-target (ours <= 4x the hardware floor) cannot average away. This probe measures, in one process:
+The lent GPU machines are virtual machines, and some pair runs are slower for every contender (ours 1.83-2.04
+s/step against 1.56-1.64 in other runs, TRL alike), which an absolute target (ours <= 4x the hardware floor)
+cannot average away. This probe tells whether the machine is slow right now, and why, in one process:
 
 - the host CPU: a fixed single-threaded Python loop (seconds);
 - host memory: chunks of `--chunk-gib` allocated and written until `--touch-gib` are held at once,
   timed per chunk (GiB/s); everything freed, then the same again. A first pass much slower than the
   second means guest memory that the hypervisor backs only when first touched;
-- pinned host memory: allocating one chunk page-locked, and copying it to the GPU (GiB/s);
+- pinned host memory: allocating 2 GiB page-locked (seconds), and copying it to the GPU (GiB/s);
 - the GPU: a launch-bound loop (microseconds per tiny kernel, what ZeRO-3's hooks and decoding pay)
   and a bf16 matmul loop (TFLOP/s).
 

@@ -10,7 +10,7 @@
 #   PARTS=pair PAIR=ours-auto,trl-sleep PAIR_INDEX=K bash ...        # one ~7B headline pair, order from K (≤ 9 min)
 #   PARTS=pair PAIR=ours-auto,trl-sleep,trl-sleep@product PAIR_MARGIN_S=30 PAIR_INDEX=K DEADLINE_S=585 bash ...
 #                                                                    # ours against both TRL DeepSpeed files (~8 min)
-#   PARTS=probe,pair ...                                             # a fresh machine's first call: probe + warm-up first (~1-2 min)
+#   PARTS=probe,pair ...                                             # the machine's rates first (~30 s), then the pair
 #   PARTS=gen-compare bash tests/gpu/drivers/run_on_device.sh        # ~7B generate-only, both trainers (≤ 9 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
@@ -138,8 +138,8 @@ run_part() {
 }
 
 if [[ ",$PARTS," == *",probe,"* ]]; then
-  # The machine now (host CPU, host memory first touch, GPU launch latency and matmul rate) and the
-  # warm-up of its host memory: once per fresh machine, before its first measured run (docs/benchmarks/gpu.md).
+  # The machine now (host CPU, host memory first touch against a rewrite, GPU launch latency, matmul rate and
+  # pinned copies): first on a fresh machine, and beside a slow run (docs/benchmarks/gpu.md).
   run_part probe 240 "$PY" -m bench.machine_probe --out "$WORK/probe" ${PROBE_ARGS:-}
   [[ -f "$WORK/probe/machine_probe.json" ]] && cp "$WORK/probe/machine_probe.json" "$OUT/machine_probe.json"
   cat "$OUT/probe.log" >>"$SUMMARY" 2>/dev/null
