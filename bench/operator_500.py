@@ -20,6 +20,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# Reconciles by trigger: the histogram's count (create, update, resume, child, status, ...).
+RECONCILES = "colocgrpo_reconcile_duration_seconds_count"
 
 
 def free_port() -> int:
@@ -61,6 +64,41 @@ def apiserver_requests(api: Any) -> tuple[float, float]:
             if 'resource="colocgrpojobs"' in line:
                 cgj += value
     return total, cgj
+
+
+def apiserver_request_counts(api: Any) -> dict[str, float]:
+    """`apiserver_request_total` by "VERB resource[/subresource] code", for the operator's writes and
+    the few reads that show retries: every request on colocgrpojobs, and the children's creates."""
+    response = api.pool.request("GET", f"{api.server}/metrics", headers=api.credentials.auth_headers())
+    counts: dict[str, float] = {}
+    for line in response.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if labels.get("resource") != "colocgrpojobs" and labels.get("verb") not in ("APPLY",):
+            continue
+        resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        key = f"{labels.get('verb')} {resource} {labels.get('code')}"
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def operator_metric_by_label(port: int, name: str, label: str) -> dict[str, float]:
+    """One of the operator's counters (or a histogram's _count), summed by one label's value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            value = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0])).get(label, "")
+            counts[value] = counts.get(value, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def per_job(after: dict[str, float], before: dict[str, float], count: int) -> dict[str, float]:
+    """The deltas of a breakdown, per job, leaving out what did not change."""
+    deltas = {key: (value - before.get(key, 0.0)) / count for key, value in sorted(after.items())}
+    return {key: round(value, 2) for key, value in deltas.items() if value}
 
 
 def pod_phases(api: Any, namespace: str) -> dict[str, int]:
@@ -267,6 +305,9 @@ def main() -> int:
         cpu_before = cpu_seconds(operator.pid)
         plane_before = control_plane_cpu(kubeconfig.parent)
         op_before = operator_metric(metrics_port, "colocgrpo_api_requests_total")
+        kinds_before = apiserver_request_counts(api)
+        op_verbs_before = operator_metric_by_label(metrics_port, "colocgrpo_api_requests_total", "verb")
+        triggers_before = operator_metric_by_label(metrics_port, RECONCILES, "trigger")
 
         names = [f"bench-{i:04d}" for i in range(args.count)]
         created: dict[str, float] = {}
@@ -296,6 +337,9 @@ def main() -> int:
         time.sleep(3)  # let in-flight status updates land before counting
         api_after = apiserver_requests(api)
         op_after = operator_metric(metrics_port, "colocgrpo_api_requests_total")
+        kinds_after = apiserver_request_counts(api)
+        op_verbs_after = operator_metric_by_label(metrics_port, "colocgrpo_api_requests_total", "verb")
+        triggers_after = operator_metric_by_label(metrics_port, RECONCILES, "trigger")
         rss, peak = rss_kib(operator.pid)
         pods_at_end = pod_phases(api, namespace)
         operator_cpu = cpu_seconds(operator.pid) - cpu_before
@@ -325,6 +369,11 @@ def main() -> int:
             operator_handler_requests_per_job=round((op_after - op_before) / args.count, 2),
             apiserver_requests_per_job_all_clients=round((api_after[0] - api_before[0]) / args.count, 2),
             apiserver_colocgrpojobs_requests_per_job=round((api_after[1] - api_before[1]) / args.count, 2),
+            # By "verb resource code": the operator's and kopf's writes of the job, and the children's
+            # server-side applies (a job's children applied again: a reconcile ran as if on create).
+            apiserver_requests_per_job_by_kind=per_job(kinds_after, kinds_before, args.count),
+            operator_handler_requests_per_job_by_verb=per_job(op_verbs_after, op_verbs_before, args.count),
+            reconciles_per_job_by_trigger=per_job(triggers_after, triggers_before, args.count),
             operator_cpu_seconds=round(operator_cpu, 1),
             control_plane_cpu_seconds={k: round(v - plane_before.get(k, 0.0), 1) for k, v in plane_after.items()},
             load_average_at_end=os.getloadavg(),
