@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
 from support.operator_harness import condition, tiny_job, wait_for
 
@@ -131,6 +132,40 @@ def test_a_predecessors_child_is_waited_for_and_every_child_applied(cluster, ope
     ]:
         obj = cluster.api.request("GET", f"{prefix}/namespaces/{ns}/{plural}/{child}")
         assert [o["uid"] for o in obj["metadata"].get("ownerReferences") or []] == [uid], (plural, child)
+
+
+def test_a_new_jobs_failed_create_handler_is_retried_by_kopf(cluster, operator, op_namespace) -> None:
+    """A new job's create handler writes kopf's diff-base with the job's first record, before its
+    children: when a child is then refused (here by a quota), the handler takes the diff-base
+    back, so kopf keeps the failure's retry state and retries the handler like any failed one;
+    once the quota is gone the job runs, and kopf's annotations end as after any creation."""
+    ns = op_namespace
+    quota = {"metadata": {"name": "no-configmaps"}, "spec": {"hard": {"count/configmaps": "0"}}}
+    cluster.api.request("POST", f"/api/v1/namespaces/{ns}/resourcequotas", body=quota)
+    cluster.create_job(ns, tiny_job("quota"))
+
+    def annotations() -> dict:
+        return ((cluster.get_job(ns, "quota") or {}).get("metadata") or {}).get("annotations") or {}
+
+    def retrying() -> dict | None:
+        found = annotations()
+        return found if any(k.startswith("colocgrpo.io/reconcile_job") for k in found) else None
+
+    failed = wait_for(retrying, 60, "kopf's retry state of the failed handler", on_timeout=operator.log_tail)
+    assert RECORD_ANNOTATION in failed, failed  # written before the children, as for every job
+    assert "colocgrpo.io/last-handled-configuration" not in failed, failed
+    assert not cluster.batch_jobs(ns, "quota")
+    cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/resourcequotas/no-configmaps")
+    _wait_phase(cluster, operator, ns, "quota", "Running", timeout=90)
+    wait_for(
+        lambda: (
+            "colocgrpo.io/last-handled-configuration" in (found := annotations())
+            and not any(k.startswith("colocgrpo.io/reconcile_job") for k in found)
+        ),
+        60,
+        "kopf's diff-base back and its retry state purged",
+        on_timeout=lambda: f"{annotations()}\n{operator.log_tail()}",
+    )
 
 
 def test_a_restarted_gang_gets_its_missing_children_back(cluster, operator, op_namespace) -> None:

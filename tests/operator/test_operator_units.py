@@ -466,6 +466,59 @@ def test_diffbase_essence_is_kopfs_without_copying_metadata_and_status():
     assert essence["metadata"] == {"labels": {"team": "a"}, "annotations": {"note": "kept"}}
 
 
+def test_diffbase_a_handler_wrote_is_left_out_of_kopfs_next_patch():
+    import kopf
+
+    from colocgrpo_operator.controller.startup import BoundedDiffBaseStorage, ProgressStorage
+
+    body = tiny()
+    body["metadata"]["uid"] = "u1"
+    storage = BoundedDiffBaseStorage(prefix="colocgrpo.io", key="last-handled-configuration")
+    essence = storage.build(body=kopf.Body(copy.deepcopy(body)))
+    kopfs = kopf.Patch()
+    kopf.AnnotationsDiffBaseStorage(prefix="colocgrpo.io", key="last-handled-configuration").store(
+        body=kopf.Body(body), patch=kopfs, essence=essence
+    )
+    annotations = storage.annotations(body=kopf.Body(body), essence=essence)
+    assert annotations == dict(kopfs.metadata.annotations)  # the diff-base and the marker, as kopf's
+    assert set(annotations) == {"colocgrpo.io/last-handled-configuration", "colocgrpo.io/kopf-managed"}
+
+    storage.written(body=kopf.Body(body), annotations=annotations)
+    patch = kopf.Patch()
+    storage.store(body=kopf.Body(body), patch=patch, essence=essence)
+    assert not patch  # nothing left for kopf to write
+    patch = kopf.Patch()
+    storage.store(body=kopf.Body(body), patch=patch, essence=essence)
+    assert dict(patch.metadata.annotations) == annotations  # only once: later stores are kopf's own
+
+    changed = dict(essence, spec=dict(essence["spec"], model="other"))
+    storage.written(body=kopf.Body(body), annotations=annotations)
+    patch = kopf.Patch()
+    storage.store(body=kopf.Body(body), patch=patch, essence=changed)
+    assert dict(patch.metadata.annotations) == {
+        "colocgrpo.io/last-handled-configuration": storage.annotations(body=kopf.Body(body), essence=changed)[
+            "colocgrpo.io/last-handled-configuration"
+        ]
+    }  # another essence than the one written: kopf stores it
+
+    huge = dict(essence, spec={"trainerArgs": {"x": "y" * 200_000}})
+    assert storage.annotations(body=kopf.Body(body), essence=huge) == {}
+
+    # kopf's progress storage adds the marker whenever it stores a handler's progress: not once a
+    # handler wrote it (until kopf's store of the diff-base).
+    progress = ProgressStorage(prefix="colocgrpo.io", diffbase=storage)
+    storage.written(body=kopf.Body(body), annotations=annotations)
+    patch = kopf.Patch()
+    progress.store(key="reconcile_job", record={"success": True}, body=kopf.Body(body), patch=patch)
+    assert set(patch.metadata.annotations) == {"colocgrpo.io/reconcile_job"}
+    progress.purge(key="reconcile_job", body=kopf.Body(body), patch=patch)
+    storage.store(body=kopf.Body(body), patch=patch, essence=essence)
+    assert not patch
+    patch = kopf.Patch()
+    progress.store(key="reconcile_job", record={"success": True}, body=kopf.Body(body), patch=patch)
+    assert set(patch.metadata.annotations) == {"colocgrpo.io/reconcile_job", "colocgrpo.io/kopf-managed"}
+
+
 def test_indexers_drop_the_events_managed_fields_and_nothing_else():
     import kopf
 

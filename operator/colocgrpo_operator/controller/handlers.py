@@ -22,7 +22,7 @@ import kopf
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
 from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
 from colocgrpo_operator.controller.metrics import JOB_METRICS
-from colocgrpo_operator.controller.reconciler import Key
+from colocgrpo_operator.controller.reconciler import Key, RecordExtras
 from colocgrpo_operator.controller.runtime import runtime_of
 from colocgrpo_operator.controller.snapshots import (
     batch_job_snapshot,
@@ -34,6 +34,7 @@ from colocgrpo_operator.controller.snapshots import (
     workload_owner_job,
     workload_snapshot,
 )
+from colocgrpo_operator.controller.startup import diffbase_of
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 # No version: kopf serves the preferred one (v1beta2 since Kueue 0.15, v1beta1 before); the fields
@@ -99,6 +100,7 @@ async def reconcile_job(
     reason: Any,
     old: Any,
     new: Any,
+    patch: kopf.Patch,
     **_: Any,
 ) -> None:
     """Validate, apply every child (idempotently) and derive status. Safe to run any number
@@ -119,13 +121,30 @@ async def reconcile_job(
                 body, reason="ImmutableField", message="; ".join(f"{path} {text}" for path, text in problems)[:1024]
             )
     runtime = runtime_of(memo)
-    await runtime.reconciler.reconcile(
-        key,
-        runtime.indices.reader(key),
-        trigger=trigger,
-        ensure_children=ensure_children,
-        fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
-    )
+    # A new job's kopf diff-base goes with its first record: one PATCH of the job instead of two,
+    # and kopf has no patch of its own to wait for (docs/decisions.md says why that matters).
+    diffbase = diffbase_of(memo)
+    extras = None
+    if trigger == "create" and new is not None and diffbase is not None:
+        extras = RecordExtras(diffbase.annotations(body=body, essence=new))
+    try:
+        await runtime.reconciler.reconcile(
+            key,
+            runtime.indices.reader(key),
+            trigger=trigger,
+            ensure_children=ensure_children,
+            fresh_cr=job_resource_snapshot(body),  # this very event's body is the freshest view
+            record_extras=extras,
+        )
+    except BaseException:
+        if extras is not None and extras.written and diffbase is not None:
+            # kopf retries a failed handler only while the job has no diff-base: take it back
+            # (kopf applies this patch with its retry state). The marker may stay.
+            for annotation in diffbase.make_keys(diffbase.key, body=body):
+                patch.metadata.annotations[annotation] = None
+        raise
+    if extras is not None and extras.written and diffbase is not None:
+        diffbase.written(body=body, annotations=extras.annotations)
     runtime.reconciler.wake_up()  # a changed TTL or a finished job: let the clock look again
 
 

@@ -201,6 +201,15 @@ class _Current:
         return self.record if self.record is not None else Record()
 
 
+@dataclasses.dataclass
+class RecordExtras:
+    """Annotations a job's first record carries in the same patch (a new job's kopf diff-base,
+    handlers.reconcile_job says why); `written` once that patch succeeded."""
+
+    annotations: Mapping[str, Any]
+    written: bool = False
+
+
 class PredecessorPending(Exception):
     """A child of this job's name still belongs to a deleted predecessor (same name, other uid)
     that the garbage collector has not removed yet: applying ours must wait for it."""
@@ -322,9 +331,11 @@ class Reconciler:
         trigger: str,
         ensure_children: bool = False,
         fresh_cr: dict[str, Any] | None = None,
+        record_extras: RecordExtras | None = None,
     ) -> None:
         """Bring one job's children and status in line with the world. Raises on API errors
         (kopf retries handler-triggered reconciles; the periodic re-check covers the rest).
+        `record_extras` go with the job's first record, if this reconcile writes it.
 
         Inputs are read only once the job's lock is held, so a burst of pod and Job events
         collapses: while one reconcile of a job waits for the lock, further event-triggered
@@ -335,7 +346,7 @@ class Reconciler:
             if key in self._queued:
                 return
             self._queued.add(key)
-        await self._reconcile_claimed(key, read_inputs, trigger, ensure_children, fresh_cr)
+        await self._reconcile_claimed(key, read_inputs, trigger, ensure_children, fresh_cr, record_extras)
 
     def reconcile_soon(self, key: Key, read_inputs: Callable[[], Inputs], *, trigger: str) -> None:
         """A coalescible reconcile in a task of its own, for event handlers that need nothing
@@ -374,6 +385,7 @@ class Reconciler:
         trigger: str,
         ensure_children: bool,
         fresh_cr: dict[str, Any] | None,
+        record_extras: RecordExtras | None = None,
     ) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -384,7 +396,9 @@ class Reconciler:
                 cr = fresh_cr
             started = time.perf_counter()
             try:
-                await self._reconcile_locked(key, cr, job, pods, workloads, ensure_children=ensure_children)
+                await self._reconcile_locked(
+                    key, cr, job, pods, workloads, ensure_children=ensure_children, record_extras=record_extras
+                )
             except ObjectGone:
                 # Deleted, or replaced by a new job of the same name, since the inputs were read:
                 # nothing to do for this one (the new one has events of its own).
@@ -428,6 +442,7 @@ class Reconciler:
         workloads: list[dict[str, Any]],
         *,
         ensure_children: bool,
+        record_extras: RecordExtras | None = None,
     ) -> None:
         if cr is None:
             self.forget(key)
@@ -447,7 +462,17 @@ class Reconciler:
             await self._write_status(key, cr, current, desired)
             return
         await self._reconcile_valid(
-            key, cr, job, pods, workloads, parsed, current, progress, now, ensure_children=ensure_children
+            key,
+            cr,
+            job,
+            pods,
+            workloads,
+            parsed,
+            current,
+            progress,
+            now,
+            ensure_children=ensure_children,
+            record_extras=record_extras,
         )
 
     def _current(self, key: Key, cr: dict[str, Any]) -> _Current:
@@ -486,6 +511,7 @@ class Reconciler:
         now: datetime,
         *,
         ensure_children: bool,
+        record_extras: RecordExtras | None = None,
     ) -> None:
         meta = cr.get("metadata") or {}
         previous = current.status
@@ -502,7 +528,7 @@ class Reconciler:
 
         async def write_first_record() -> None:
             if current.record is None and first_record is not None:
-                await self._write_record(key, cr, current, first_record)
+                await self._write_record(key, cr, current, first_record, record_extras)
 
         # A Job of the same name that this job does not own (a predecessor with the same name
         # still being garbage-collected) is not ours to judge; creating ours waits for it.
@@ -616,14 +642,19 @@ class Reconciler:
             return None
         return creation_refusal(events, job_uid)
 
-    async def _write_record(self, key: Key, cr: dict[str, Any], current: _Current, record: Record) -> None:
+    async def _write_record(
+        self, key: Key, cr: dict[str, Any], current: _Current, record: Record, extras: RecordExtras | None = None
+    ) -> None:
         """Patch the job's record annotation when it changed (a metadata patch of this very
-        incarnation: the trainer, which may write the status, cannot write this)."""
+        incarnation: the trainer, which may write the status, cannot write this), with `extras`'
+        annotations in the same patch."""
         if current.record == record:
             return
         uid = (cr.get("metadata") or {}).get("uid") or ""
-        encoded = record.encode()
-        written = await self._blocking(self.kube.patch_annotations, key[0], key[1], uid, {RECORD_ANNOTATION: encoded})
+        annotations = {**(extras.annotations if extras is not None else {}), RECORD_ANNOTATION: record.encode()}
+        written = await self._blocking(self.kube.patch_annotations, key[0], key[1], uid, annotations)
+        if extras is not None:
+            extras.written = True
         current.record = record
         self._remember(key, uid, current, status=None, written=written)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -65,7 +65,15 @@ class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     of every watched kind (pods and batch Jobs too) by deep-copying the whole object, managedFields
     and status included, only to delete them from the copy: in a 500-job burst that was a large
     share of the operator's CPU, on the event loop. The result is the same essence.
+
+    A new job's create handler writes the diff-base itself, with the job's first record
+    (`annotations`, `written`); kopf's own `store` then leaves it out.
     """
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        # uid -> the annotations a handler wrote itself (`written`), until kopf's next `store`.
+        self._written: dict[str, dict[str, Any]] = {}
 
     def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
         if extra_fields:  # a handler reads a field of metadata or status: kopf's own way
@@ -75,10 +83,62 @@ class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         light["metadata"] = {key: meta[key] for key in _ESSENCE_METADATA if key in meta}
         return super().build(body=kopf.Body(light))
 
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+    def annotations(self, *, body: kopf.Body, essence: Any) -> dict[str, Any]:
+        """The annotations kopf's `store` would patch in for `essence`: the diff-base and the
+        prefix's marker; none for an essence too large to track."""
         if len(json.dumps(essence, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_SPEC_BYTES * 3 // 2:
-            return
+            return {}
+        patch = kopf.Patch()
         super().store(body=body, patch=patch, essence=essence)
+        return dict(patch.metadata.annotations)
+
+    def written(self, *, body: kopf.Body, annotations: Mapping[str, Any]) -> None:
+        """A handler wrote `annotations` (what `annotations` gave) in a patch of its own: kopf's
+        next `store` for this object leaves out the ones it would write the same, and then has
+        nothing to patch (handlers.reconcile_job says why)."""
+        if body.metadata.uid:
+            self._written[body.metadata.uid] = dict(annotations)
+
+    def leave_out_written(self, *, body: kopf.Body, patch: kopf.Patch, forget: bool = False) -> None:
+        """Take out of `patch` the annotations a handler already wrote with the same values (and
+        with `forget`, forget them: kopf's `store` of the diff-base comes last)."""
+        uid = body.metadata.uid or ""
+        already = self._written.pop(uid, {}) if forget else self._written.get(uid, {})
+        annotations = patch.get("metadata", {}).get("annotations")
+        if not already or not isinstance(annotations, dict):
+            return
+        for key, value in already.items():
+            if key in annotations and annotations[key] == value:
+                del annotations[key]
+        if not annotations:
+            del patch["metadata"]["annotations"]
+            if not patch["metadata"]:
+                del patch["metadata"]
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        for key, value in self.annotations(body=body, essence=essence).items():
+            patch.metadata.annotations[key] = value
+        self.leave_out_written(body=body, patch=patch, forget=True)
+
+
+class ProgressStorage(kopf.AnnotationsProgressStorage):
+    """kopf's handler progress annotations, without the prefix's marker where a handler wrote it
+    already (`BoundedDiffBaseStorage.written`): kopf adds the marker to any object that lacks it
+    whenever it stores a handler's progress, even when it then purges that progress."""
+
+    def __init__(self, *, diffbase: BoundedDiffBaseStorage, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.diffbase = diffbase
+
+    def store(self, *, key: Any, record: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        super().store(key=key, record=record, body=body, patch=patch)
+        self.diffbase.leave_out_written(body=body, patch=patch)
+
+
+def diffbase_of(memo: kopf.Memo) -> BoundedDiffBaseStorage | None:
+    """The diff-base storage in use (the startup handler puts it in the memo); None before."""
+    storage = memo.get("diffbase")
+    return storage if isinstance(storage, BoundedDiffBaseStorage) else None
 
 
 def config_of(memo: kopf.Memo) -> OperatorConfig:
@@ -106,10 +166,9 @@ def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig)
     settings.networking.request_timeout = REQUEST_TIMEOUT_SECONDS
     settings.networking.connect_timeout = CONNECT_TIMEOUT_SECONDS
 
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=OPERATOR_ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = BoundedDiffBaseStorage(
-        prefix=OPERATOR_ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    diffbase = BoundedDiffBaseStorage(prefix=OPERATOR_ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = diffbase
+    settings.persistence.progress_storage = ProgressStorage(prefix=OPERATOR_ANNOTATION_PREFIX, diffbase=diffbase)
 
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = OPERATOR_NAME
@@ -141,6 +200,7 @@ async def start(
     """
     config = config_of(memo)
     apply_kopf_settings(settings, config)
+    memo.diffbase = settings.persistence.diffbase_storage
     memo.runtime = OperatorRuntime.open(
         config,
         credentials=await asyncio.to_thread(_credentials, memo, config),
