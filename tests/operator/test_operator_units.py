@@ -406,6 +406,47 @@ class _WritesKube:
             return self._bump()
 
 
+def test_record_extras_go_with_a_new_jobs_first_record_only():
+    from colocgrpo_operator.api.naming import RECORD_ANNOTATION
+    from colocgrpo_operator.controller.reconciler import RecordExtras
+
+    kube = _WritesKube()
+    key = ("ns", "tiny-cpu")
+    created = copy.deepcopy(kube.job)
+    extras = RecordExtras({"colocgrpo.io/last-handled-configuration": "{}\n", "colocgrpo.io/kopf-managed": "yes"})
+
+    async def run() -> None:
+        with concurrent.futures.ThreadPoolExecutor(4) as executor:
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-extras"))
+            await reconciler.reconcile(
+                key,
+                lambda: (created, None, [], []),
+                trigger="create",
+                ensure_children=True,
+                fresh_cr=created,
+                record_extras=extras,
+            )
+            assert extras.written and kube.calls.count("record") == 1
+            assert kube.calls.index("record") < kube.calls.index("create Job")
+            annotations = kube.job["metadata"]["annotations"]
+            assert annotations["colocgrpo.io/last-handled-configuration"] == "{}\n"
+            assert annotations["colocgrpo.io/kopf-managed"] == "yes" and RECORD_ANNOTATION in annotations
+            # A job that has its record already writes none, and so no extras either.
+            later = RecordExtras({"colocgrpo.io/last-handled-configuration": "changed"})
+            await reconciler.reconcile(
+                key,
+                lambda: (copy.deepcopy(kube.job), kube.batch_job, [], []),
+                trigger="create",
+                record_extras=later,
+            )
+            assert (
+                not later.written
+                and kube.job["metadata"]["annotations"]["colocgrpo.io/last-handled-configuration"] == "{}\n"
+            )
+
+    asyncio.run(run())
+
+
 def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_drift():
     kube = _WritesKube()
     key = ("ns", "tiny-cpu")
