@@ -447,6 +447,68 @@ def test_record_extras_go_with_a_new_jobs_first_record_only():
     asyncio.run(run())
 
 
+class _BlockedJobCreateKube(_WritesKube):
+    """Creating the batch Job waits until `release` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.creating = threading.Event()
+        self.release = threading.Event()
+
+    def create_returning(self, obj):
+        self.creating.set()
+        assert self.release.wait(30)
+        return super().create_returning(obj)
+
+
+@pytest.mark.parametrize("cap", [None, 0.05])
+def test_child_reconciles_wait_for_the_jobs_being_created(monkeypatch, cap):
+    """While a job's children are being applied, another job's child-event reconcile waits (and
+    the job's further events coalesce into it) until the creation is done, or at most the cap."""
+    from colocgrpo_operator.controller import reconciler as reconciler_module
+
+    if cap is not None:
+        monkeypatch.setattr(reconciler_module, "DEFER_WHILE_APPLYING_SECONDS", cap)
+    kube = _BlockedJobCreateKube()
+    created = copy.deepcopy(kube.job)
+    other = ("ns", "other")
+    reads: list[str] = []
+
+    def read_other():
+        reads.append("other")
+        return None, None, [], []
+
+    async def run() -> None:
+        with concurrent.futures.ThreadPoolExecutor(4) as executor:
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-defer"))
+            creating = asyncio.create_task(
+                reconciler.reconcile(
+                    ("ns", "tiny-cpu"), lambda: (created, None, [], []), trigger="create", ensure_children=True
+                )
+            )
+            while not kube.creating.is_set():
+                await asyncio.sleep(0.01)
+            for _ in range(3):
+                reconciler.reconcile_soon(other, read_other, trigger="child")  # coalesced into one
+            if cap is None:
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                assert reads == []  # waiting for the Job's creation
+                kube.release.set()
+                await creating
+            else:
+                while not reads:  # the cap passed while the Job is still being created
+                    await asyncio.sleep(0.01)
+                assert not creating.done()
+                kube.release.set()
+                await creating
+            while reconciler._background:
+                await asyncio.sleep(0.01)
+            assert reads == ["other"]
+
+    asyncio.run(run())
+
+
 def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_drift():
     kube = _WritesKube()
     key = ("ns", "tiny-cpu")
