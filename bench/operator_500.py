@@ -154,24 +154,48 @@ class JobWatcher(threading.Thread):
         self.stop = False
 
     def run(self) -> None:
-        url = f"{self.api.server}/apis/batch/v1/namespaces/{self.namespace}/jobs?watch=true&timeoutSeconds=600"
-        response = self.api.pool.request(
-            "GET", url, headers=self.api.credentials.auth_headers(), preload_content=False, timeout=None
-        )
-        self.ready.set()
-        buffer = b""
-        for chunk in response.stream(65536):
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                name = ((event.get("object") or {}).get("metadata") or {}).get("name")
-                if name and name not in self.first_seen:
-                    self.first_seen[name] = time.monotonic()
-            if self.stop:
-                break
+        path = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
+        version = ""
+        while not self.stop:
+            query = f"?watch=true&timeoutSeconds=600&allowWatchBookmarks=true&resourceVersion={version}"
+            response = self.api.pool.request(
+                "GET",
+                f"{self.api.server}{path}{query}",
+                headers=self.api.credentials.auth_headers(),
+                preload_content=False,
+                timeout=None,
+            )
+            if response.status != 200:
+                # A fresh control plane answers 429 ("storage is (re)initializing") for a moment.
+                response.release_conn()
+                time.sleep(0.5)
+                continue
+            self.ready.set()
+            buffer = b""
+            for chunk in response.stream(65536):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        version = self._seen(json.loads(line)) or version
+                if self.stop:
+                    return
+            # The stream ended (the apiserver may end a watch early): list what came meanwhile,
+            # seen now (a late time, never an early one), and watch on from the list.
+            listed = self.api.request("GET", path) or {}
+            for item in listed.get("items", []):
+                self._seen({"object": item})
+            version = (listed.get("metadata") or {}).get("resourceVersion") or ""
+
+    def _seen(self, event: dict[str, Any]) -> str | None:
+        """Record the event's Job if new; its object's resourceVersion."""
+        if event.get("type") == "ERROR":
+            return ""  # e.g. an expired version: watch from now on (the list above catches up)
+        metadata = (event.get("object") or {}).get("metadata") or {}
+        name = metadata.get("name")
+        if name and event.get("type") != "BOOKMARK" and name not in self.first_seen:
+            self.first_seen[name] = time.monotonic()
+        return metadata.get("resourceVersion")
 
 
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller", "kube-scheduler", "kwok-controller")
