@@ -52,46 +52,64 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def apiserver_requests(api: Any) -> tuple[float, float]:
-    """(all requests, requests on colocgrpojobs) from the apiserver's own metrics."""
-    response = api.pool.request("GET", f"{api.server}/metrics", headers=api.credentials.auth_headers())
-    text = response.data.decode()
-    total = cgj = 0.0
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of metric `name` in Prometheus text `text`: (labels, value) each."""
+    samples = []
     for line in text.splitlines():
-        if line.startswith("apiserver_request_total{"):
-            value = float(line.rsplit(" ", 1)[1])
-            total += value
-            if 'resource="colocgrpojobs"' in line:
-                cgj += value
+        if line.startswith(name + "{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        elif line.startswith(name + " "):
+            labels = {}
+        else:
+            continue
+        samples.append((labels, float(line.rsplit(" ", 1)[1])))
+    return samples
+
+
+def apiserver_metrics(api: Any) -> str:
+    """The apiserver's own /metrics text."""
+    response = api.pool.request("GET", f"{api.server}/metrics", headers=api.credentials.auth_headers())
+    return response.data.decode()
+
+
+def operator_metrics(port: int) -> str:
+    """The operator's /metrics text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def apiserver_requests(text: str) -> tuple[float, float]:
+    """(all requests, requests on colocgrpojobs) from the apiserver's metrics `text`."""
+    samples = metric_samples(text, "apiserver_request_total")
+    total = sum(value for _, value in samples)
+    cgj = sum(value for labels, value in samples if labels.get("resource") == "colocgrpojobs")
     return total, cgj
 
 
-def apiserver_request_counts(api: Any) -> dict[str, float]:
+def apiserver_request_counts(text: str) -> dict[str, float]:
     """`apiserver_request_total` by "VERB resource[/subresource] code", for the operator's writes and
     the few reads that show retries: every request on colocgrpojobs, and the children's creates."""
-    response = api.pool.request("GET", f"{api.server}/metrics", headers=api.credentials.auth_headers())
     counts: dict[str, float] = {}
-    for line in response.data.decode().splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+    for labels, value in metric_samples(text, "apiserver_request_total"):
         if labels.get("resource") != "colocgrpojobs" and labels.get("verb") not in ("APPLY",):
             continue
         resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
         key = f"{labels.get('verb')} {resource} {labels.get('code')}"
-        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        counts[key] = counts.get(key, 0.0) + value
     return counts
 
 
-def operator_metric_by_label(port: int, name: str, label: str) -> dict[str, float]:
+def operator_metric(text: str, name: str) -> float:
+    """One of the operator's counters in its metrics `text`, summed over its labels."""
+    return sum(value for _, value in metric_samples(text, name))
+
+
+def operator_metric_by_label(text: str, name: str, label: str) -> dict[str, float]:
     """One of the operator's counters (or a histogram's _count), summed by one label's value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            value = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0])).get(label, "")
-            counts[value] = counts.get(value, 0.0) + float(line.rsplit(" ", 1)[1])
+    for labels, value in metric_samples(text, name):
+        key = labels.get(label, "")
+        counts[key] = counts.get(key, 0.0) + value
     return counts
 
 
@@ -227,16 +245,6 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
-def operator_metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=500)
@@ -325,13 +333,15 @@ def main() -> int:
         watcher = JobWatcher(api, namespace)
         watcher.start()
         watcher.ready.wait(10)
-        api_before = apiserver_requests(api)
+        api_text = apiserver_metrics(api)
+        api_before = apiserver_requests(api_text)
         cpu_before = cpu_seconds(operator.pid)
         plane_before = control_plane_cpu(kubeconfig.parent)
-        op_before = operator_metric(metrics_port, "colocgrpo_api_requests_total")
-        kinds_before = apiserver_request_counts(api)
-        op_verbs_before = operator_metric_by_label(metrics_port, "colocgrpo_api_requests_total", "verb")
-        triggers_before = operator_metric_by_label(metrics_port, RECONCILES, "trigger")
+        op_text = operator_metrics(metrics_port)
+        op_before = operator_metric(op_text, "colocgrpo_api_requests_total")
+        kinds_before = apiserver_request_counts(api_text)
+        op_verbs_before = operator_metric_by_label(op_text, "colocgrpo_api_requests_total", "verb")
+        triggers_before = operator_metric_by_label(op_text, RECONCILES, "trigger")
 
         names = [f"bench-{i:04d}" for i in range(args.count)]
         created: dict[str, float] = {}
@@ -359,11 +369,12 @@ def main() -> int:
             time.sleep(1)
         all_status = time.monotonic()
         time.sleep(3)  # let in-flight status updates land before counting
-        api_after = apiserver_requests(api)
-        op_after = operator_metric(metrics_port, "colocgrpo_api_requests_total")
-        kinds_after = apiserver_request_counts(api)
-        op_verbs_after = operator_metric_by_label(metrics_port, "colocgrpo_api_requests_total", "verb")
-        triggers_after = operator_metric_by_label(metrics_port, RECONCILES, "trigger")
+        api_text, op_text = apiserver_metrics(api), operator_metrics(metrics_port)
+        api_after = apiserver_requests(api_text)
+        op_after = operator_metric(op_text, "colocgrpo_api_requests_total")
+        kinds_after = apiserver_request_counts(api_text)
+        op_verbs_after = operator_metric_by_label(op_text, "colocgrpo_api_requests_total", "verb")
+        triggers_after = operator_metric_by_label(op_text, RECONCILES, "trigger")
         rss, peak = rss_kib(operator.pid)
         pods_at_end = pod_phases(api, namespace)
         operator_cpu = cpu_seconds(operator.pid) - cpu_before
