@@ -345,6 +345,7 @@ def worker(
     tensor_parallel_size: int = 1,
     generate_only: int = 0,
     no_grad_tokens: int | None = None,
+    section_times: bool = False,
 ) -> None:
     import torch
     from datasets import Dataset
@@ -424,9 +425,19 @@ def worker(
     times: list[float] = []
     peaks: list[int] = []
     log_entries: list[dict] = []
+    sections = None
+    if section_times:
+        from bench.step_sections import SectionTimer
+
+        sections = SectionTimer(torch.cuda.synchronize if cuda else None, torch.is_grad_enabled)
+        sections.wrap_trainer(trainer)
 
     class Timer(TrainerCallback):
         profiler = None
+
+        def on_train_begin(self, *a, **k):
+            if sections is not None and trainer.is_deepspeed_enabled:
+                sections.wrap_engine(trainer.model_wrapped)  # the DeepSpeed engine, built by now
 
         def on_step_begin(self, *a, **k):
             if len(times) + 1 in profile_steps:
@@ -445,6 +456,8 @@ def worker(
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - self.t0)
+            if sections is not None:
+                sections.close_step(times[-1])
             if self.profiler is not None:
                 self.profiler.__exit__(None, None, None)
                 table = self.profiler.key_averages()
@@ -498,6 +511,9 @@ def worker(
         "logp_diff": statistics.mean(logp_diffs) if logp_diffs else None,
         "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainer.model.parameters()),
         "micro_batch_merge": merge.to_dict() if merge is not None else None,
+        # --section-times: every section edge waited for the GPU, so these step times are not comparable
+        "section_seconds": sections.summary(skip=warmup) if sections is not None else None,
+        "section_steps": sections.steps if sections is not None else None,
     }
     if int(os.environ.get("RANK", "0")) == 0:
         (out / "result.json").write_text(json.dumps(result, indent=2))
@@ -859,6 +875,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="1-based steps to profile with torch.profiler (profile-stepN.txt per contender)",
     )
+    parser.add_argument(
+        "--section-times",
+        action="store_true",
+        help="time the trainer's sections per step (bench/step_sections.py; the GPU syncs at each edge, "
+        "so the run's step times are not comparable with others)",
+    )
     args = parser.parse_args(argv)
     config = SIZES[args.size]
     args.warmup_steps = config["warmup_steps"] if args.warmup_steps is None else args.warmup_steps
@@ -907,6 +929,7 @@ def main(argv: list[str] | None = None) -> int:
             tensor_parallel_size=args.tp,
             generate_only=args.generate_only,
             no_grad_tokens=args.no_grad_tokens,
+            section_times=args.section_times,
         )
         return 0
     if args.measure_machine:
@@ -1076,6 +1099,7 @@ def main(argv: list[str] | None = None) -> int:
                 + ([] if util is None else ["--util", str(util)])
                 + (["--generate-only", str(args.generate_only)] if args.generate_only else [])
                 + ([] if args.no_grad_tokens is None else ["--no-grad-tokens", str(args.no_grad_tokens)])
+                + (["--section-times"] if args.section_times else [])
             )
             start = time.perf_counter()
             timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))
