@@ -346,6 +346,7 @@ def worker(
     generate_only: int = 0,
     no_grad_tokens: int | None = None,
     section_times: bool = False,
+    defer_old_logps: bool = True,
 ) -> None:
     import torch
     from datasets import Dataset
@@ -406,7 +407,9 @@ def worker(
             max_prompt_tokens=PROMPT_TOKENS,
         )
         print(f"[bench] {contender}: {merge.message()}", flush=True)
-        extra = {} if no_grad_tokens is None else {"no_grad_tokens": no_grad_tokens}
+        extra: dict = {"defer_old_logps": defer_old_logps}
+        if no_grad_tokens is not None:
+            extra["no_grad_tokens"] = no_grad_tokens
         trainer = ColocGRPOTrainer(
             model=model,
             reward_funcs=[reward],
@@ -876,6 +879,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="1-based steps to profile with torch.profiler (profile-stepN.txt per contender)",
     )
     parser.add_argument(
+        "--no-defer-old-logps",
+        action="store_true",
+        help="our contenders: old log-probs from a no-grad forward over the whole generation, as TRL "
+        "(to measure the trainer's deferral alone)",
+    )
+    parser.add_argument(
         "--section-times",
         action="store_true",
         help="time the trainer's sections per step (bench/step_sections.py; the GPU syncs at each edge, "
@@ -930,6 +939,7 @@ def main(argv: list[str] | None = None) -> int:
             generate_only=args.generate_only,
             no_grad_tokens=args.no_grad_tokens,
             section_times=args.section_times,
+            defer_old_logps=not args.no_defer_old_logps,
         )
         return 0
     if args.measure_machine:
@@ -1023,6 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
         "pair_index": args.pair_index if args.pair else None,
         "generate_only": args.generate_only,
         "no_grad_tokens": args.no_grad_tokens,
+        "defer_old_logps": not args.no_defer_old_logps,
     }
 
     def report() -> list[str]:
@@ -1100,6 +1111,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (["--generate-only", str(args.generate_only)] if args.generate_only else [])
                 + ([] if args.no_grad_tokens is None else ["--no-grad-tokens", str(args.no_grad_tokens)])
                 + (["--section-times"] if args.section_times else [])
+                + (["--no-defer-old-logps"] if args.no_defer_old_logps else [])
             )
             start = time.perf_counter()
             timeout = min(args.contender_timeout, max(30.0, args.budget_seconds + 60 - elapsed))

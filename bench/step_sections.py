@@ -4,17 +4,20 @@ torch.profiler's op tables (`--profile-steps`) say which kernels and Python ops 
 part of the trainer called them. This wraps a handful of methods on one trainer *instance* (nothing global,
 nothing in the trainer's code) and sums each one's wall time per optimizer step:
 
-- `generate_and_score`: TRL's `_generate_and_score_completions` (everything a generation step adds);
+- `prepare_inputs`: TRL's `_prepare_inputs` (a generation step's generation, scoring and split; our trainer's
+  old log-probs of the micro-batches trained after an optimizer step);
+- `generate_and_score`: TRL's `_generate_and_score_completions`, inside it;
 - `vllm_generate`: the engine's `generate` (ours: wake, push, generate, sleep; TRL's: its generate call);
 - `old_logps`: `_get_per_token_logps_and_entropies` without autograd (the old and reference log-probs);
 - `train_logps`: the same with autograd (the training forward inside `compute_loss`);
 - `rewards`: `_calculate_rewards`;
 - `backward` and `optimizer_step`: the DeepSpeed engine's `backward` and `step` (bound when training begins);
 - `training_step`: the Trainer's `training_step`: TRL prepares its inputs there (so a generation step's
-  `generate_and_score` falls inside it), then the loss's forward, the backward and, under DeepSpeed, the
+  `prepare_inputs` falls inside it), then the loss's forward, the backward and, under DeepSpeed, the
   optimizer step at the end of the accumulation.
 
-Sections nest (`vllm_generate` inside `generate_and_score`, all of them inside `training_step`): each is
+Sections nest (`vllm_generate` inside `generate_and_score` inside `prepare_inputs`, all of them inside
+`training_step`): each is
 timed on its own, so they do not add up to the step; `close_step` adds the two remainders that do
 (`in_step_other`: training_step minus the sections inside it at its top level; `unattributed`: the step
 minus training_step — the Trainer's loop, callbacks, logging). With `sync` (CUDA), every section boundary waits for the
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 TRAINER_METHODS = {
+    "_prepare_inputs": "prepare_inputs",
     "_generate_and_score_completions": "generate_and_score",
     "_calculate_rewards": "rewards",
     "training_step": "training_step",
@@ -95,7 +99,7 @@ class SectionTimer:
     def close_step(self, step_seconds: float) -> None:
         """File this step's sums, with the whole step's wall time as `step` and the two remainders."""
         row = dict(self.current)
-        inside = sum(row.get(k, 0.0) for k in ("generate_and_score", "train_logps", "backward", "optimizer_step"))
+        inside = sum(row.get(k, 0.0) for k in ("prepare_inputs", "train_logps", "backward", "optimizer_step"))
         row["in_step_other"] = row.get("training_step", 0.0) - inside
         row["step"] = step_seconds
         row["unattributed"] = step_seconds - row.get("training_step", 0.0)
@@ -106,8 +110,8 @@ class SectionTimer:
         """Per section, over the steps after the first `skip`: the mean per step, and apart for steps
         that generated (`gen_steps`) and those that did not (`train_steps`)."""
         rows = self.steps[skip:]
-        gen = [r for r in rows if r.get("generate_and_score", 0.0) > 0]
-        train = [r for r in rows if r.get("generate_and_score", 0.0) == 0]
+        gen = [r for r in rows if "generate_and_score" in r]
+        train = [r for r in rows if "generate_and_score" not in r]
 
         def means(group: list[dict[str, float]]) -> dict[str, float]:
             names = sorted({k for r in group for k in r})

@@ -34,9 +34,13 @@ class Trainer:
         self._get_per_token_logps_and_entropies()
         self.grad[0] = True
 
-    def training_step(self, generate: bool, deepspeed: Engine) -> None:
+    def _prepare_inputs(self, generate: bool) -> None:
         if generate:
             self._generate_and_score_completions()
+            self._tick(0.25)  # the split, and old log-probs computed after it
+
+    def training_step(self, generate: bool, deepspeed: Engine) -> None:
+        self._prepare_inputs(generate)
         self._get_per_token_logps_and_entropies()
         self._tick(0.0625)  # the loss itself
         deepspeed.backward()
@@ -81,12 +85,13 @@ def test_sections_are_summed_per_step_and_split_by_autograd(fake_clock):
 
     gen, train = timer.steps
     assert gen["vllm_generate"] == 1.0 and gen["rewards"] == 0.125 and gen["old_logps"] == 0.25
-    assert gen["generate_and_score"] == 1.375
-    assert gen["train_logps"] == 0.5 and gen["training_step"] == 4.6875
+    assert gen["generate_and_score"] == 1.375 and gen["prepare_inputs"] == 1.625
+    assert gen["train_logps"] == 0.5 and gen["training_step"] == 4.9375
     assert gen["backward"] == 2.0 and gen["optimizer_step"] == 0.75
     assert gen["in_step_other"] == 0.0625  # the loss: what no inner section covers
-    assert gen["step"] == 5.1875 and gen["unattributed"] == 0.5
+    assert gen["step"] == 5.4375 and gen["unattributed"] == 0.5
     assert "generate_and_score" not in train and "old_logps" not in train and train["training_step"] == 3.3125
+    assert train["prepare_inputs"] == 0.0  # a buffered micro-batch
     assert synced, "every section edge waits for the device"
 
     summary = timer.summary()

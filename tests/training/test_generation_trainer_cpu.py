@@ -14,23 +14,16 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
 
-def _reward(completions, **kwargs):
-    # Varies across completions so advantages (hence gradients) are non-zero.
-    return [float(len(str(c))) / 10.0 for c in completions]
-
-
 def run(tiny_model_dir, tmp_path, monkeypatch, policy: str, steps_per_generation: int | None = None):
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from colocgrpo_training.config import VLLMSettings
-    from colocgrpo_training.generation import ColocGRPOTrainer
     from support import cpu_vllm
+    from support.cpu_trainer import cpu_trainer
 
     cpu_vllm.install(monkeypatch)
-    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}]} for i in range(16)]
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "out"),
+    trainer = cpu_trainer(
+        tiny_model_dir,
+        tmp_path / "out",
+        prompts=16,
+        policy=policy,
         per_device_train_batch_size=4,
         num_generations=4,
         gradient_accumulation_steps=2,
@@ -38,20 +31,7 @@ def run(tiny_model_dir, tmp_path, monkeypatch, policy: str, steps_per_generation
         max_steps=3,
         max_completion_length=5,
         learning_rate=0.05,  # large: every step visibly changes the weights
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        save_strategy="no",
-        logging_steps=1,
         seed=3,
-        disable_tqdm=True,
-    )
-    trainer = ColocGRPOTrainer(
-        model=str(tiny_model_dir),
-        reward_funcs=[_reward],
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        generation_settings=VLLMSettings(sleep_policy=policy),
     )
     fresh: list[bool] = []
     seen_weights: list[torch.Tensor] = []
@@ -116,6 +96,7 @@ def test_tool_calling_is_refused_up_front(option, tiny_model_dir, tmp_path):
 
     from colocgrpo_training.config import VLLMSettings
     from colocgrpo_training.generation import ColocGRPOTrainer
+    from support.cpu_trainer import length_reward
 
     def add(a: int, b: int) -> int:
         """Add two numbers.
@@ -131,7 +112,7 @@ def test_tool_calling_is_refused_up_front(option, tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match=rf"^{option} \(tool calling, multi-turn generation\) is not supported"):
         ColocGRPOTrainer(
             model=str(tiny_model_dir),
-            reward_funcs=[_reward],
+            reward_funcs=[length_reward],
             args=args,
             train_dataset=Dataset.from_list([{"prompt": "What is 1 + 1?"}] * 4),
             generation_settings=VLLMSettings(),

@@ -12,6 +12,11 @@ TRL internals this relies on (why the package pins trl>=1.16,<1.17), kept to a m
 4. `_get_per_token_logps_and_entropies(..., batch_size=...)`, its rows per forward: the no-grad
    forwards (the old log-probs of a generation, the reference model's) take more rows per forward
    (`no_grad_rows`); the values are the same, the forwards fewer.
+5. Old log-probs from the training forward (`defer_old_logps`, old_logps.py): TRL's
+   `_prepare_inputs` (generate, shuffle, split into `_buffered_inputs`), the generation's no-grad
+   forward being the first `_get_per_token_logps_and_entropies` call on `self.model`, its five
+   sampling metrics in `self._metrics`, and `_compute_loss` reading `old_per_token_logps` (None:
+   the training forward's, detached) and `importance_sampling_ratio` from its inputs after its forward.
 Everything else (rewards, advantages, loss, logging, checkpoints) is TRL's, untouched.
 """
 
@@ -21,6 +26,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 from collections.abc import Iterator
 from typing import Any, Literal, cast
 
@@ -30,6 +36,12 @@ from trl import GRPOConfig, GRPOTrainer
 
 from colocgrpo_training.config import VLLMSettings
 from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES
+from colocgrpo_training.generation.old_logps import (
+    METRIC_NAMES,
+    SamplingStats,
+    deferrable_chunks,
+    importance_sampling_ratio,
+)
 from colocgrpo_training.generation.schedules import predict_next_generate
 from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
 
@@ -69,6 +81,11 @@ class ColocGRPOTrainer(GRPOTrainer):
     transformers (the CPU path). `args` keeps every TRL option; the vLLM options that
     VLLMSettings owns are set from it (use_vllm, vllm_mode="colocate", TP size, memory
     utilization, max model length) and TRL's own sleep mode is kept off.
+
+    `defer_old_logps` (default True): with vLLM's importance-sampling correction on (TRL's default)
+    and `num_iterations` 1, the micro-batches trained before the next optimizer step take their old
+    log-probs and correction from their own training forward instead of a no-grad forward after
+    generating (old_logps.py); the same quantities, one forward fewer over those rows. False: TRL's way.
     """
 
     args: GRPOConfig  # Trainer annotates it as TrainingArguments
@@ -79,10 +96,17 @@ class ColocGRPOTrainer(GRPOTrainer):
         generation_settings: VLLMSettings,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         no_grad_tokens: int = DEFAULT_NO_GRAD_TOKENS,
+        defer_old_logps: bool = True,
         **kwargs: Any,
     ) -> None:
         self.generation_settings = generation_settings
         self.no_grad_tokens = no_grad_tokens
+        self.defer_old_logps = defer_old_logps
+        self._placeholder_old_logps = False  # the generation's old-log-prob forward is skipped
+        self._deferred_chunks: set[int] = set()  # id() of buffered micro-batches whose forward gives them
+        self._ratio_pending: dict[str, Any] | None = None  # the micro-batch whose loss forward runs now
+        self._sampling_stats: SamplingStats | None = None  # this generation's metrics, added up as scored
+        self._deferred_left = 0  # deferred micro-batches of this generation not scored yet
         # GRPOTrainer's own parameters, however they were passed.
         given = inspect.signature(GRPOTrainer.__init__).bind_partial(self, *args, **kwargs).arguments
         grpo_args = given.get("args")
@@ -142,7 +166,115 @@ class ColocGRPOTrainer(GRPOTrainer):
                 num_iterations=self.num_iterations,
                 mode=mode,
             )
-        return super()._prepare_inputs(generation_batch)
+        if not self._defers_old_logps(generation_batch):
+            return super()._prepare_inputs(generation_batch)
+        deferred = deferrable_chunks(
+            self._step, cast(int, self.args.steps_per_generation), self.args.gradient_accumulation_steps
+        )
+        metrics = self._metrics["train"]
+        logged = {name: len(metrics[name]) for name in METRIC_NAMES}
+        self._placeholder_old_logps = True
+        try:
+            inputs = super()._prepare_inputs(generation_batch)
+        finally:
+            self._placeholder_old_logps = False
+        for name, count in logged.items():
+            del metrics[name][count:]  # TRL's values over the placeholder: computed below instead
+        self._finish_old_logps(cast(list[dict[str, Any]], self._buffered_inputs), deferred)  # set by the split
+        return inputs
+
+    def _defers_old_logps(self, generation_batch: Any) -> bool:
+        """This `_prepare_inputs` call generates, and its old log-probs can come from training forwards."""
+        assert self.model is not None and self.args.steps_per_generation is not None
+        if not (
+            self.defer_old_logps
+            and self.model.training
+            and self.use_vllm
+            and self.vllm_importance_sampling_correction
+            and self.num_iterations == 1
+        ):
+            return False
+        if self._step % self.args.steps_per_generation != 0 and self._buffered_inputs is not None:
+            return False  # a buffered micro-batch, no generation
+        # Text only: multimodal inputs take forward arguments this path does not carry.
+        rows = generation_batch if isinstance(generation_batch, list) else []
+        return not any(isinstance(row, dict) and ("image" in row or "images" in row) for row in rows)
+
+    def _finish_old_logps(self, chunks: list[dict[str, Any]], deferred: list[bool]) -> None:
+        """After TRL's generation, shuffle and split: the micro-batches trained after an optimizer step get
+        their old log-probs (one no-grad forward over all of them), correction and metrics now; the others
+        lose the placeholders and get theirs from their loss's forward (`_compute_loss`)."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        self._deferred_chunks = {id(chunk) for chunk, defer in zip(chunks, deferred, strict=True) if defer}
+        self._deferred_left = len(self._deferred_chunks)
+        self._sampling_stats = SamplingStats(self.vllm_importance_sampling_mode)
+        for chunk in chunks:
+            chunk.pop("old_per_token_logps", None)
+            chunk.pop("importance_sampling_ratio", None)
+        later = [chunk for chunk, defer in zip(chunks, deferred, strict=True) if not defer]
+        if not later:
+            return
+        prompt = torch.cat([chunk["prompt_ids"] for chunk in later])
+        completion = torch.cat([chunk["completion_ids"] for chunk in later])
+        prompt_mask = torch.cat([chunk["prompt_mask"] for chunk in later])
+        completion_mask = torch.cat([chunk["completion_mask"] for chunk in later])
+        model = cast(Any, self.model)
+        checkpointing = cast(dict[str, Any] | None, self.args.gradient_checkpointing_kwargs)
+        with torch.no_grad(), disable_gradient_checkpointing(model, checkpointing):
+            old, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                torch.cat([prompt, completion], dim=1),
+                torch.cat([prompt_mask, completion_mask], dim=1),
+                completion.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        sampling = torch.cat([chunk["sampling_per_token_logps"] for chunk in later])
+        ratio = self._importance_sampling_ratio(old, sampling, completion_mask)
+        self._sampling_stats.add(old, sampling, completion_mask, ratio)
+        start = 0
+        for chunk in later:
+            rows = chunk["completion_ids"].size(0)
+            chunk["old_per_token_logps"] = old[start : start + rows]
+            chunk["importance_sampling_ratio"] = ratio[start : start + rows]
+            start += rows
+
+    def _importance_sampling_ratio(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return importance_sampling_ratio(
+            old,
+            sampling,
+            mask,
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        )
+
+    def _log_sampling_metrics(self, stats: SamplingStats) -> None:
+        """TRL's five sampling metrics of a whole generation batch, gathered across ranks as TRL gathers them
+        (a collective: every rank calls it after its last deferred micro-batch)."""
+        from trl.trainer.utils import nanmax, nanmin
+
+        values = stats.values(self.accelerator.device)
+        gather = self.accelerator.gather
+        diff_mean, diff_max, ratio_min, ratio_mean, ratio_max = (values[name] for name in METRIC_NAMES)
+        reduced = (
+            gather(diff_mean).mean(),
+            gather(diff_max).max(),
+            nanmin(gather(ratio_min)),
+            gather(ratio_mean).nanmean(),
+            nanmax(gather(ratio_max)),
+        )
+        for name, value in zip(METRIC_NAMES, reduced, strict=True):
+            self._metrics["train"][name].append(value.item())
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+        if id(inputs) not in self._deferred_chunks:
+            return super()._compute_loss(model, inputs)
+        self._ratio_pending = inputs  # its forward below sets the correction before the loss reads it
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._ratio_pending = None
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -153,12 +285,36 @@ class ColocGRPOTrainer(GRPOTrainer):
         batch_size: int | None = None,
         **kwargs: Any,
     ) -> Any:
+        if self._placeholder_old_logps and not torch.is_grad_enabled() and model is self.model:
+            # The generation's old-log-prob forward: skipped (see _finish_old_logps). The placeholder is NaN,
+            # so that a value derived from it and left in place would show, not pass for a ratio of 1.
+            self._placeholder_old_logps = False
+            return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
         if batch_size and not torch.is_grad_enabled():
             # No activations are kept: larger chunks, the same values (rows are independent).
             batch_size = no_grad_rows(batch_size, input_ids.size(1), self.no_grad_tokens)
-        return super()._get_per_token_logps_and_entropies(
+        result = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
         )
+        pending = self._ratio_pending
+        if pending is not None and torch.is_grad_enabled():
+            # The loss's forward of a micro-batch trained by the policy that generated it: its detached
+            # log-probs are the old ones (TRL then uses them as such), and the correction comes from them.
+            self._ratio_pending = None
+            logps = result[0].detach()
+            mask = pending["completion_mask"]
+            if "tool_mask" in pending:
+                mask = mask * pending["tool_mask"]
+            ratio = self._importance_sampling_ratio(logps, pending["sampling_per_token_logps"], mask)
+            pending["importance_sampling_ratio"] = ratio
+            stats = self._sampling_stats
+            assert stats is not None  # set with the deferred micro-batches (_finish_old_logps)
+            stats.add(logps, pending["sampling_per_token_logps"], mask, ratio)
+            self._deferred_left -= 1
+            if self._deferred_left == 0:  # the generation's last: its metrics, once, as TRL logs them
+                self._log_sampling_metrics(stats)
+                self._sampling_stats = None
+        return result
 
     def _load_from_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         result = super()._load_from_checkpoint(*args, **kwargs)
