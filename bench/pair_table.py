@@ -15,9 +15,11 @@ table then exits 1.
 
 A machine is told apart by the boot id the bench records (`host.boot_id`; every lent GPU machine
 has the host name `vm`); runs recorded before that field existed take a label from `--machine`.
-Pairs count as one series when they measured the same code: the git trees of `training/` and of the
-operator's renderer (`MEASURED_CODE`) as the run found them (`host.measured_code`), or for runs
-recorded before that field, at the run's commit, looked up in this checkout.
+Pairs count as one series when they measured the same code: the git objects of `MEASURED_CODE` as the
+run found them (`host.measured_code`), or for runs recorded before that field, at the run's commit,
+looked up in this checkout. Runs before 2e9977d recorded the whole renderer folder in place of its
+DeepSpeed file (`MEASURED_CODE_BEFORE_2E9977D`): their series is closed, and the renderer's other
+modules (the pod, the Service) do not run in a step.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 # TRL configurations that may be its denominator; `@none` is a reference only.
 DENOMINATOR_FILES = ("plain", "product")
-# What a GRPO step of ours runs: the trainer and the DeepSpeed file the operator renders for it.
-MEASURED_CODE = ("training", "operator/colocgrpo_operator/render")
+# What a GRPO step of ours runs: the trainer (a tree) and the module that renders its DeepSpeed and
+# accelerate files (a blob).
+MEASURED_CODE = ("training", "operator/colocgrpo_operator/render/launch_config.py")
+MEASURED_CODE_BEFORE_2E9977D = ("training", "operator/colocgrpo_operator/render")
 # Issue #21's targets: (what, statistic, limit). `plain` is trl-sleep under plain ZeRO-3; `best` is
 # TRL's best measured DeepSpeed configuration; `floor` is ours ÷ the floor printed in the same run.
 TARGETS = (
@@ -53,10 +57,10 @@ def trl_file(contender: str) -> str:
 
 
 @functools.cache  # one lookup per commit, not one per pair
-def measured_code(commit: str, repo: Path = REPO) -> str:
-    """The git trees of `MEASURED_CODE` at `commit`, shortened; '?' where this checkout lacks it."""
+def measured_code(commit: str, repo: Path = REPO, paths: tuple[str, ...] = MEASURED_CODE) -> str:
+    """The git objects of `paths` at `commit`, shortened; '?' where this checkout lacks it."""
     trees = []
-    for path in MEASURED_CODE:
+    for path in paths:
         try:
             out = subprocess.run(
                 ["git", "-C", str(repo), "rev-parse", f"{commit}:{path}"], capture_output=True, text=True, timeout=30
@@ -83,15 +87,14 @@ def working_tree_code(repo: Path = REPO) -> str:
             for args in (["read-tree", "HEAD"], ["add", "-A", "--", *MEASURED_CODE]):
                 subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True, timeout=60, check=True)
             for path in MEASURED_CODE:
+                # A folder: its tree, written from the scratch index; a file: its blob, staged there.
+                folder = (repo / path).is_dir()
+                args = ["write-tree", f"--prefix={path}/"] if folder else ["ls-files", "--stage", "--", path]
                 out = subprocess.run(
-                    ["git", "-C", str(repo), "write-tree", f"--prefix={path}/"],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                    check=True,
+                    ["git", "-C", str(repo), *args], env=env, capture_output=True, text=True, timeout=60, check=True
                 )
-                trees.append(out.stdout.strip()[:8])
+                object_id = out.stdout.strip() if folder else out.stdout.split()[1]
+                trees.append(object_id[:8])
         except (OSError, subprocess.SubprocessError):
             return "?"
     return "+".join(trees)
@@ -128,7 +131,9 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
                     "cpu": host.get("cpu_model", "?"),
                     "gpu": host.get("gpu", "?"),
                     "commit": commit[:12],
-                    "code": host.get("measured_code") or (measured_code(commit) if commit != "?" else "?"),
+                    # Runs without the field predate it, and 2e9977d: the folder's tree then.
+                    "code": host.get("measured_code")
+                    or (measured_code(commit, paths=MEASURED_CODE_BEFORE_2E9977D) if commit != "?" else "?"),
                     "ours": o["contender"],
                     "ours_s": o["median_s_per_step"],
                     "trl": t["contender"],
@@ -227,13 +232,14 @@ def table(rows: list[dict], left_out: list[str]) -> tuple[list[str], dict]:
     lines += target_lines
     if len(summary["measured_code"]) > 1:
         lines.append(
-            f"WARNING: the pairs measured {len(summary['measured_code'])} versions of "
-            f"{' and '.join(MEASURED_CODE)}: {', '.join(summary['measured_code'])}"
+            f"WARNING: the pairs measured {len(summary['measured_code'])} versions of the trainer's code "
+            f"(git objects of {' and '.join(MEASURED_CODE)}, or before 2e9977d of "
+            f"{' and '.join(MEASURED_CODE_BEFORE_2E9977D)}): {', '.join(summary['measured_code'])}"
         )
     elif len(summary["commits"]) > 1:
         lines.append(
             f"The pairs ran on {len(summary['commits'])} commits ({', '.join(summary['commits'])}) with the same "
-            f"{' and '.join(MEASURED_CODE)} (git trees {summary['measured_code'][0]})."
+            f"trainer code (git objects {summary['measured_code'][0]})."
         )
     lines += [f"LEFT OUT: {line}" for line in left_out]
     return lines, summary

@@ -270,8 +270,18 @@ def test_the_measured_code_is_the_working_tree_not_head(tmp_path):
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     clean = pair_table.working_tree_code(repo)
     assert clean == pair_table.measured_code(head, repo) and "?" not in clean
-    with (repo / "operator" / "colocgrpo_operator" / "render" / "__init__.py").open("a") as module:
+    render = repo / "operator" / "colocgrpo_operator" / "render"
+    with (render / "workload.py").open("a") as module:
+        module.write("# changed: the pod's spec, not what a step runs\n")
+    assert pair_table.working_tree_code(repo) == clean
+    with (render / "launch_config.py").open("a") as module:
         module.write("# changed\n")
     (repo / "training" / "new_module.py").write_text("x = 1\n")
     changed = pair_table.working_tree_code(repo)
     assert changed != clean and all(part != old for part, old in zip(changed.split("+"), clean.split("+"), strict=True))
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"], check=True
+    )
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert pair_table.measured_code(commit.strip(), repo) == changed  # a commit's objects: the same values
