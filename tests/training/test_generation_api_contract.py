@@ -148,6 +148,34 @@ def test_grpo_config_fields_the_trainer_and_bench_set():
     assert used_by_bench and used_by_bench <= fields, used_by_bench - fields
 
 
+def test_trl_internals_the_old_logprob_deferral_reads():
+    """generation/trainer.py's reliance 5: TRL's generation, split and loss as the deferral uses them. The CPU
+    test (test_old_logps.py) trains through them; this names what moved if a TRL upgrade breaks it."""
+    from trl import GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing  # noqa: F401  (imported by the trainer)
+    from trl.trainer.utils import nanmax, nanmin  # noqa: F401
+
+    from colocgrpo_training.generation.old_logps import IS_MODES, METRIC_NAMES
+
+    prepare = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "self._buffered_inputs = " in prepare and "split_tensor_dict" in prepare  # the split we post-process
+    generate = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    # The generation's old log-probs are its first no-grad forward on self.model, before the reference model's.
+    assert generate.index("old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(") < generate.index(
+        "ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies("
+    )
+    assert "self.model," in generate.split("old_per_token_logps, _, _ = ")[1][:200]
+    for name in METRIC_NAMES:  # the metrics it logs over the placeholder, which the trainer takes back
+        assert f'self._metrics[mode]["{name}"].append(' in generate, name
+    for mode in IS_MODES:  # the modes old_logps.importance_sampling_ratio rewrites
+        assert f'"{mode}"' in generate, mode
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'old_per_token_logps = inputs.get("old_per_token_logps")' in loss
+    assert "per_token_logps.detach() if old_per_token_logps is None" in loss
+    # The correction is read after the loss's forward, which sets it for a deferred micro-batch.
+    assert loss.index("self._get_per_token_logps_and_entropies(") < loss.index('inputs["importance_sampling_ratio"]')
+
+
 def test_trl_distributed_backend_gathers_lists():
     from trl.distributed import DistributedBackend
 
