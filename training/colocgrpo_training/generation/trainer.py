@@ -103,7 +103,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         self.no_grad_tokens = no_grad_tokens
         self.defer_old_logps = defer_old_logps
         self._placeholder_old_logps = False  # the generation's old-log-prob forward is skipped
-        self._deferred_chunks: set[int] = set()  # id() of buffered micro-batches whose forward gives them
+        self._deferred_chunks: list[dict[str, Any]] = []  # buffered micro-batches whose loss forward gives them
         self._ratio_pending: dict[str, Any] | None = None  # the micro-batch whose loss forward runs now
         self._sampling_stats: SamplingStats | None = None  # this generation's metrics, added up as scored
         self._deferred_left = 0  # deferred micro-batches of this generation not scored yet
@@ -206,7 +206,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         lose the placeholders and get theirs from their loss's forward (`_compute_loss`)."""
         from trl.models.utils import disable_gradient_checkpointing
 
-        self._deferred_chunks = {id(chunk) for chunk, defer in zip(chunks, deferred, strict=True) if defer}
+        self._deferred_chunks = [chunk for chunk, defer in zip(chunks, deferred, strict=True) if defer]
         self._deferred_left = len(self._deferred_chunks)
         self._sampling_stats = SamplingStats(self.vllm_importance_sampling_mode)
         for chunk in chunks:
@@ -268,8 +268,11 @@ class ColocGRPOTrainer(GRPOTrainer):
             self._metrics["train"][name].append(value.item())
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
-        if id(inputs) not in self._deferred_chunks:
+        # By identity: the micro-batch objects TRL buffered at the last generation, each scored once.
+        index = next((i for i, chunk in enumerate(self._deferred_chunks) if chunk is inputs), None)
+        if index is None:
             return super()._compute_loss(model, inputs)
+        del self._deferred_chunks[index]
         self._ratio_pending = inputs  # its forward below sets the correction before the loss reads it
         try:
             return super()._compute_loss(model, inputs)
