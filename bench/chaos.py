@@ -395,6 +395,11 @@ def check(cluster: Cluster, trial: Trial) -> list[str]:
                 continue
             if plural == "jobs" and status.get("phase") in ("Succeeded", "Failed"):
                 continue  # a finished job may keep or lose its Job
+            if plural == "services" and ((job.get("spec") or {}).get("resources") or {}).get("nodes", 1) == 1:
+                # Every rank in one pod: no headless Service (render/workload.py, needs_rendezvous_service).
+                if mine:
+                    problems.append(f"{name}: a 1-node job with {len(mine)} {plural}")
+                continue
             if len(mine) != 1:
                 problems.append(f"{name}: {len(mine)} {plural}")
             elif job["metadata"]["uid"] not in _owner_uids(mine[0]):

@@ -130,10 +130,14 @@ def test_trainer_progress_patch_fits_the_closed_status(crd_installed, namespace)
 
 
 def test_rendered_children_are_accepted_by_the_api_server(crd_installed, namespace):
-    for name in ("tiny-cpu.yaml", "seed-qwen14b-tp4.yaml"):
+    for name, nodes in (("tiny-cpu.yaml", 1), ("seed-qwen14b-tp4.yaml", 1), ("seed-qwen14b-tp4.yaml", 2)):
         obj = copy.deepcopy(example(name))
         obj["metadata"]["namespace"] = namespace
+        if nodes > 1:  # a gang across pods, with its headless Service; one checkpoint claim for every pod
+            obj["spec"]["resources"]["nodes"] = nodes
+            obj["spec"]["checkpoint"] = {**obj["spec"].get("checkpoint", {}), "claimName": "ckpt"}
         children = render_children(parse_job(obj))
+        assert ("Service" in [c["kind"] for c in children]) is (nodes > 1)
         result = crd_installed.kubectl(
             "apply", "--dry-run=server", "-f", "-", input="\n---\n".join(json.dumps(c) for c in children), check=False
         )

@@ -97,7 +97,7 @@ def test_render_seed_shows_8_gpus_and_the_seed_values():
     assert result.returncode == 0, result.stderr
     objects = list(yaml.safe_load_all(result.stdout))
     kinds = [o["kind"] for o in objects]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]  # one node: no Service
     job = objects[-1]
     assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
     grpo = yaml.safe_load(objects[3]["data"]["grpo.yaml"])

@@ -31,11 +31,11 @@ def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):
     assert status["observedGeneration"] == running["metadata"]["generation"]
     assert status.get("startTime")
 
-    # Every child exists, labelled, and owned by the job (so deletion cascades).
+    # Every child exists, labelled, and owned by the job (so deletion cascades). One node: no Service.
     uid = running["metadata"]["uid"]
+    assert cluster.list("/api/v1", "services", ns, f"colocgrpo.io/job-name={name}") == []
     for prefix, plural, child in [
         ("/api/v1", "configmaps", f"{name}-config"),
-        ("/api/v1", "services", name),
         ("/api/v1", "serviceaccounts", f"{name}-trainer"),
         ("/apis/rbac.authorization.k8s.io/v1", "roles", f"{name}-trainer"),
         ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", f"{name}-trainer"),
@@ -63,6 +63,35 @@ def test_lifecycle_to_succeeded(cluster, kube_cluster, operator, op_namespace):
 
     wait_for(lambda: {"Running", "Succeeded"} <= job_event_reasons(), 10, "Running and Succeeded Events")
     assert operator.alive()
+
+
+def test_only_a_gang_across_pods_gets_the_headless_service(cluster, operator, op_namespace):
+    """A 1-node job runs without a Service (rank 0 is in its own pod); a 2-node job's pods find
+    rank 0 through the headless Service, which the job owns."""
+    ns = op_namespace
+    cluster.create_job(ns, tiny_job("solo"))
+    # Several pods on their own emptyDirs cannot resume together (no claim here).
+    cluster.create_job(ns, tiny_job("duo", resources={"nodes": 2}, checkpoint={"resume": "never"}))
+    wait_phase(cluster, ns, "solo", "Running", operator=operator)
+    duo = wait_phase(cluster, ns, "duo", "Running", operator=operator)
+    assert duo["status"]["workers"]["active"] == 2
+
+    assert cluster.list("/api/v1", "services", ns, "colocgrpo.io/job-name=solo") == []
+    (solo_pod,) = cluster.pods(ns, "solo")
+    assert "subdomain" not in solo_pod["spec"]
+    solo_env = {e["name"]: e.get("value") for e in solo_pod["spec"]["containers"][0]["env"]}
+    assert solo_env["MASTER_ADDR"] == "127.0.0.1"
+
+    (service,) = cluster.list("/api/v1", "services", ns, "colocgrpo.io/job-name=duo")
+    assert service["metadata"]["name"] == "duo"
+    assert [o["uid"] for o in service["metadata"]["ownerReferences"]] == [duo["metadata"]["uid"]]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"colocgrpo.io/job-name": "duo"}
+    duo_pods = cluster.pods(ns, "duo")
+    assert len(duo_pods) == 2
+    for pod in duo_pods:
+        assert pod["spec"]["subdomain"] == "duo"
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["MASTER_ADDR"] == "duo-0.duo"
 
 
 def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_namespace):

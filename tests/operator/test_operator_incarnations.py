@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
+from colocgrpo_operator.render import render_service
 from support.operator_harness import condition, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -123,9 +125,9 @@ def test_a_predecessors_child_is_waited_for_and_every_child_applied(cluster, ope
     cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/holder")  # the GC takes the account now
     running = _wait_phase(cluster, operator, ns, "heir", "Running", timeout=90)
     uid = running["metadata"]["uid"]
+    assert not cluster.list("/api/v1", "services", ns, "colocgrpo.io/job-name=heir")  # one node: no Service
     for prefix, plural, child in [
         ("/api/v1", "configmaps", "heir-config"),
-        ("/api/v1", "services", "heir"),
         ("/api/v1", "serviceaccounts", "heir-trainer"),
         ("/apis/rbac.authorization.k8s.io/v1", "roles", "heir-trainer"),
         ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", "heir-trainer"),
@@ -170,7 +172,10 @@ def test_a_new_jobs_failed_create_handler_is_retried_by_kopf(cluster, operator, 
 
 def test_a_restarted_gang_gets_its_missing_children_back(cluster, operator, op_namespace) -> None:
     ns = op_namespace
-    cluster.create_job(ns, tiny_job("mend", runPolicy={"maxRestarts": 2}))
+    # Two nodes, so the job has a Service to lose; their pods cannot resume together without a claim.
+    cluster.create_job(
+        ns, tiny_job("mend", resources={"nodes": 2}, checkpoint={"resume": "never"}, runPolicy={"maxRestarts": 2})
+    )
     pod = _running_pod(cluster, ns, "mend")
     cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/mend-config")
     cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/mend")
@@ -184,6 +189,52 @@ def test_a_restarted_gang_gets_its_missing_children_back(cluster, operator, op_n
     _wait_phase(cluster, operator, ns, "mend", "Running")
     assert cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/mend-config")
     assert cluster.api.request("GET", f"/api/v1/namespaces/{ns}/services/mend")
+
+
+def test_an_older_operators_service_of_a_one_node_job_stays_until_the_job_goes(cluster, operator, op_namespace) -> None:
+    """A 1-node job made by an operator that gave every job a headless Service keeps it: a gang
+    restart (which applies every child again) neither deletes nor changes it, and the garbage
+    collector removes it with the job."""
+    ns = op_namespace
+    body = tiny_job("legacy", runPolicy={"maxRestarts": 2})
+    created = cluster.create_job(ns, body)
+    pod = _running_pod(cluster, ns, "legacy")
+    assert not cluster.list("/api/v1", "services", ns, "colocgrpo.io/job-name=legacy")
+    # The Service as the older operator rendered and adopted it.
+    service = render_service(parse_job({**body, "metadata": {"name": "legacy", "namespace": ns}}))
+    service["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": created["apiVersion"],
+            "kind": created["kind"],
+            "name": "legacy",
+            "uid": created["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    kept = cluster.api.request("POST", f"/api/v1/namespaces/{ns}/services", body=service)
+
+    _fail_pod(cluster, ns, pod)
+    wait_for(
+        lambda: (cluster.get_job(ns, "legacy") or {}).get("status", {}).get("restarts") == 1,
+        60,
+        "the gang restart",
+        on_timeout=operator.log_tail,
+    )
+    _wait_phase(cluster, operator, ns, "legacy", "Running")
+    after = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/services/legacy")
+    assert after["metadata"]["uid"] == kept["metadata"]["uid"]
+    assert after["metadata"]["resourceVersion"] == kept["metadata"]["resourceVersion"]
+    # The new gang does without it.
+    (new_pod,) = [p for p in cluster.pods(ns, "legacy") if not p["metadata"].get("deletionTimestamp")]
+    assert "subdomain" not in new_pod["spec"]
+
+    cluster.delete_job(ns, "legacy")
+    wait_for(
+        lambda: not cluster.list("/api/v1", "services", ns, "colocgrpo.io/job-name=legacy"),
+        60,
+        "the garbage collector to remove the Service with its job",
+    )
 
 
 def test_a_spec_too_large_to_track_is_refused(cluster, operator, op_namespace) -> None:

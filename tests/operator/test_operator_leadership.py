@@ -128,7 +128,7 @@ def test_one_replica_reconciles_the_standby_takes_over_after_sigkill(cluster, re
         assert _batch_job_uids(cluster, namespace, name) == uids[name], name
     for name in after:
         assert len(_batch_job_uids(cluster, namespace, name)) == 1, name
-    for plural, prefix in (("configmaps", "/api/v1"), ("services", "/api/v1"), ("serviceaccounts", "/api/v1")):
+    for plural, prefix in (("configmaps", "/api/v1"), ("serviceaccounts", "/api/v1")):
         names = [o["metadata"]["name"] for o in cluster.list(prefix, plural, namespace, "colocgrpo.io/job-name")]
         assert len(names) == len(set(names)) == len(before) + len(after), (plural, names)
 

@@ -188,23 +188,32 @@ class _ChildCreator:
         raise KubeApiError(422, "Invalid", '{"message": "Only one reference can have Controller set to true"}')
 
 
-def _apply_children(kube: _ChildCreator) -> None:
+def _apply_children(kube: _ChildCreator, nodes: int = 1) -> None:
     body = tiny()
+    body["spec"]["resources"]["nodes"] = nodes
+    body["spec"]["checkpoint"] = {"resume": "never"}  # several pods on their own emptyDirs
     with concurrent.futures.ThreadPoolExecutor(8) as executor:
         reconciler = Reconciler(kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"))
         asyncio.run(reconciler._apply_children(reconciler._render(ParsedSpec(body), body), new_job=True))
 
 
-def test_a_new_jobs_children_are_created_at_once_and_never_its_job():
-    kube = _ChildCreator(expected=5)
-    _apply_children(kube)
-    assert sorted(kube.created) == ["ConfigMap", "Role", "RoleBinding", "Service", "ServiceAccount"]
+@pytest.mark.parametrize(
+    ("nodes", "kinds"),
+    [
+        (1, ["ConfigMap", "Role", "RoleBinding", "ServiceAccount"]),  # every rank in one pod: no Service
+        (2, ["ConfigMap", "Role", "RoleBinding", "Service", "ServiceAccount"]),
+    ],
+)
+def test_a_new_jobs_children_are_created_at_once_and_never_its_job(nodes, kinds):
+    kube = _ChildCreator(expected=len(kinds))
+    _apply_children(kube, nodes)
+    assert sorted(kube.created) == kinds
 
 
 def test_a_child_still_a_predecessors_waits_but_the_others_are_created():
     kube = _ChildCreator(expected=5, refuse="ServiceAccount")
     with pytest.raises(PredecessorPending, match="ServiceAccount"):
-        _apply_children(kube)
+        _apply_children(kube, nodes=2)
     assert len(kube.created) == 5
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from colocgrpo_operator.api import parse_job
-from colocgrpo_operator.render import render_children, render_trainer_config
+from colocgrpo_operator.render import needs_rendezvous_service, render_children, render_trainer_config
 from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
 from colocgrpo_training.config import TrainerConfig
 
@@ -21,6 +21,15 @@ K8S_VERSION = "1.36.0"
 def load_example(name: str, **spec_overrides) -> dict:
     obj = yaml.safe_load((REPO / "examples" / name).read_text())
     obj["spec"].update(spec_overrides)
+    return obj
+
+
+def on_nodes(example: str, **resources) -> dict:
+    """An example with `spec.resources` overridden; a gang across pods shares one checkpoint claim (validation)."""
+    obj = load_example(example)
+    obj["spec"]["resources"] = {**obj["spec"]["resources"], **resources}
+    if obj["spec"]["resources"]["nodes"] > 1:
+        obj["spec"]["checkpoint"] = {**obj["spec"].get("checkpoint", {}), "claimName": "ckpt"}
     return obj
 
 
@@ -38,6 +47,14 @@ def seed() -> dict[str, dict]:
     return children_by_kind(obj)
 
 
+@pytest.fixture(scope="module")
+def two_nodes() -> dict[str, dict]:
+    """The seed job on two nodes of 8 GPUs: a gang that spans pods, so it gets the headless Service."""
+    obj = on_nodes("seed-qwen14b-tp4.yaml", nodes=2, gpusPerNode=8)
+    obj["metadata"]["namespace"] = "research"
+    return children_by_kind(obj)
+
+
 def pod_spec(children: dict[str, dict]) -> dict:
     return children["Job"]["spec"]["template"]["spec"]
 
@@ -51,9 +68,8 @@ def env_of(container: dict) -> dict[str, dict]:
     return {item["name"]: item for item in container["env"]}
 
 
-def test_children_are_named_namespaced_and_labelled(seed):
-    assert set(seed) == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"}
-    names = {kind: obj["metadata"]["name"] for kind, obj in seed.items()}
+def test_children_are_named_namespaced_and_labelled(two_nodes):
+    names = {kind: obj["metadata"]["name"] for kind, obj in two_nodes.items()}
     assert names == {
         "ServiceAccount": "seed-qwen14b-tp4-trainer",
         "Role": "seed-qwen14b-tp4-trainer",
@@ -62,15 +78,41 @@ def test_children_are_named_namespaced_and_labelled(seed):
         "Service": "seed-qwen14b-tp4",
         "Job": "seed-qwen14b-tp4",
     }
-    for obj in seed.values():
+    for obj in two_nodes.values():
         assert obj["metadata"]["namespace"] == "research"
         assert obj["metadata"]["labels"]["colocgrpo.io/job-name"] == "seed-qwen14b-tp4"
         assert "ownerReferences" not in obj["metadata"]  # the operator adopts
 
 
-@pytest.mark.parametrize("example", ["seed-qwen14b-tp4.yaml", "tiny-cpu.yaml"])
-def test_children_pass_kubernetes_schema_validation(example):
-    for child in render_children(parse_job(load_example(example))):
+ONE_NODE_KINDS = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]
+# A gang across pods: the Service comes before the Job whose pods it names.
+GANG_KINDS = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Job"]
+
+
+@pytest.mark.parametrize(
+    ("obj", "kinds"),
+    [
+        # Every rank in one pod: no headless Service (nothing resolves rank 0 by DNS).
+        (on_nodes("seed-qwen14b-tp4.yaml"), ONE_NODE_KINDS),
+        (on_nodes("tiny-cpu.yaml"), ONE_NODE_KINDS),
+        (on_nodes("seed-qwen14b-tp4.yaml", nodes=2, gpusPerNode=8), GANG_KINDS),
+        (on_nodes("tiny-cpu.yaml", nodes=3), GANG_KINDS),
+    ],
+    ids=["one-node-gpu", "one-node-cpu", "two-nodes-gpu", "three-nodes-cpu"],
+)
+def test_only_a_gang_across_pods_gets_the_headless_service(obj, kinds):
+    job = parse_job(obj)
+    assert [child["kind"] for child in render_children(job)] == kinds
+    assert needs_rendezvous_service(job) is ("Service" in kinds)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [on_nodes("seed-qwen14b-tp4.yaml"), on_nodes("tiny-cpu.yaml"), on_nodes("seed-qwen14b-tp4.yaml", nodes=2)],
+    ids=["one-node-gpu", "one-node-cpu", "two-nodes-gpu"],
+)
+def test_children_pass_kubernetes_schema_validation(obj):
+    for child in render_children(parse_job(obj)):
         kubernetes_validate.validate(child, K8S_VERSION, strict=True)
 
 
@@ -165,13 +207,35 @@ def test_secret_is_an_env_reference_never_config():
     assert "token" not in json.dumps(children["ConfigMap"]["data"]).lower().replace("max_prompt_tokens", "")
 
 
-def test_headless_service_for_rank0_dns(seed):
-    service = seed["Service"]["spec"]
+def test_headless_service_for_rank0_dns(two_nodes):
+    service = two_nodes["Service"]["spec"]
     assert service["clusterIP"] == "None"
     assert service["publishNotReadyAddresses"] is True
     assert service["selector"] == {"colocgrpo.io/job-name": "seed-qwen14b-tp4"}
-    assert pod_spec(seed)["subdomain"] == seed["Service"]["metadata"]["name"]
-    assert seed["Job"]["spec"]["template"]["metadata"]["labels"]["colocgrpo.io/job-name"] == "seed-qwen14b-tp4"
+    assert service["ports"] == [{"name": "rendezvous", "port": 29500, "targetPort": 29500, "protocol": "TCP"}]
+    assert pod_spec(two_nodes)["subdomain"] == two_nodes["Service"]["metadata"]["name"]
+    assert two_nodes["Job"]["spec"]["template"]["metadata"]["labels"]["colocgrpo.io/job-name"] == "seed-qwen14b-tp4"
+    # Every rank meets rank 0 at its DNS name through the Service: the pods' variable and accelerate's file agree.
+    assert env_of(trainer(two_nodes))["MASTER_ADDR"]["value"] == "seed-qwen14b-tp4-0.seed-qwen14b-tp4"
+    accelerate = yaml.safe_load(two_nodes["ConfigMap"]["data"]["accelerate.yaml"])
+    assert accelerate["num_machines"] == 2
+    assert accelerate["main_process_ip"] == "seed-qwen14b-tp4-0.seed-qwen14b-tp4"
+
+
+@pytest.mark.parametrize("example", ["seed-qwen14b-tp4.yaml", "tiny-cpu.yaml"])
+def test_one_node_rendezvous_is_loopback_without_a_service(example):
+    children = children_by_kind(load_example(example))
+    assert "Service" not in children
+    assert "subdomain" not in pod_spec(children)  # no Service to name the pods' DNS records
+    env = env_of(trainer(children))
+    assert env["MASTER_ADDR"]["value"] == "127.0.0.1"
+    assert env["MASTER_PORT"]["value"] == "29500"
+    # accelerate.yaml is left as it is (a GPU benchmark series records it): accelerate does not read
+    # main_process_ip for one machine (render/workload.py, needs_rendezvous_service).
+    name = children["Job"]["metadata"]["name"]
+    accelerate = yaml.safe_load(children["ConfigMap"]["data"]["accelerate.yaml"])
+    assert accelerate["num_machines"] == 1
+    assert accelerate["main_process_ip"] == f"{name}-0.{name}"
 
 
 def test_indexed_job_one_pod_per_node_never_retried_alone():
@@ -197,7 +261,7 @@ def test_gpu_container_resources_command_and_rendezvous(seed):
     assert "--machine_rank $(MACHINE_RANK)" in command
     assert command.endswith("-m colocgrpo_training --config /etc/colocgrpo/grpo.yaml")
     env = env_of(container)
-    assert env["MASTER_ADDR"]["value"] == "seed-qwen14b-tp4-0.seed-qwen14b-tp4"
+    assert env["MASTER_ADDR"]["value"] == "127.0.0.1"  # one node: every rank is in this pod
     assert env["MASTER_PORT"]["value"] == "29500"
     assert env["MACHINE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"

@@ -94,5 +94,6 @@ def trainer_account_name(job_name: str) -> str:
 
 
 def rank0_address(job_name: str) -> str:
-    """DNS name of the completion-index-0 pod through the headless Service (same namespace)."""
+    """DNS name of the completion-index-0 pod through the headless Service (same namespace), which only a
+    job of more than one node gets (render/workload.py, `needs_rendezvous_service`)."""
     return f"{job_name}-0.{service_name(job_name)}"

@@ -21,6 +21,8 @@ from colocgrpo_operator.render.trainer_config import render_trainer_config
 from colocgrpo_operator.render.workload import (
     DEFAULT_TRAINER_IMAGE,
     child_labels,
+    master_address,
+    needs_rendezvous_service,
     render_batch_job,
     render_config_map,
     render_service,
@@ -33,15 +35,21 @@ def trainer_image(job: ColocGRPOJob, default_image: str | None = None) -> str:
 
 
 def render_children(job: ColocGRPOJob, *, default_image: str | None = None) -> list[dict[str, Any]]:
-    """Every child object, in a safe creation order (RBAC and config before the pods that use them)."""
-    return [
-        render_service_account(job),
-        render_role(job),
-        render_role_binding(job),
-        render_config_map(job),
-        render_service(job),
-        render_batch_job(job, trainer_image(job, default_image)),
-    ]
+    """Every child object, in a safe creation order (RBAC and config before the pods that use them).
+
+    Args:
+        job: a validated job.
+        default_image: the trainer image when `spec.image` is unset (the operator's `--trainer-image`).
+
+    Returns:
+        ServiceAccount, Role, RoleBinding, ConfigMap, the headless Service (only for a job of more than one
+        node: `needs_rendezvous_service`) and the Indexed batch Job, last.
+    """
+    children = [render_service_account(job), render_role(job), render_role_binding(job), render_config_map(job)]
+    if needs_rendezvous_service(job):
+        children.append(render_service(job))
+    children.append(render_batch_job(job, trainer_image(job, default_image)))
+    return children
 
 
 __all__ = [
@@ -49,6 +57,8 @@ __all__ = [
     "accelerate_config",
     "child_labels",
     "deepspeed_config",
+    "master_address",
+    "needs_rendezvous_service",
     "render_accelerate_yaml",
     "render_batch_job",
     "render_children",

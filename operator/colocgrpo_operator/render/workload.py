@@ -1,4 +1,4 @@
-"""The gang: ConfigMap with the trainer's files, headless Service, Indexed batch/v1 Job.
+"""The gang: ConfigMap with the trainer's files, headless Service (multi-node jobs), Indexed batch/v1 Job.
 
 Pure functions: a validated ColocGRPOJob in, Kubernetes object dicts out.
 """
@@ -39,6 +39,8 @@ TRAINER_CONTAINER = "trainer"
 TERMINATION_LOG = "/dev/termination-log"
 # ZeRO-3 gathers and writes a full checkpoint on SIGTERM (suspend, preemption); give it time.
 TERMINATION_GRACE_SECONDS = 300
+# Rank 0's address when every rank is in one pod.
+LOOPBACK_ADDRESS = "127.0.0.1"
 
 
 def child_labels(job: ColocGRPOJob) -> dict[str, str]:
@@ -69,8 +71,44 @@ def render_config_map(job: ColocGRPOJob) -> dict[str, Any]:
     }
 
 
+def needs_rendezvous_service(job: ColocGRPOJob) -> bool:
+    """Whether the job gets the headless Service for rank 0's DNS name: only when its gang spans pods.
+
+    Args:
+        job: a validated job.
+
+    Returns:
+        True for `spec.resources.nodes > 1`. With one node every rank runs in the one pod and nothing
+        resolves `<job>-0.<job>`:
+
+        - the pod's `MASTER_ADDR` is the loopback address (`master_address`), for a `spec.command` that reads it;
+        - `accelerate launch` (accelerate 1.15, `utils/launch.py`) reads the config's `main_process_ip` only for
+          more than one machine: with one, its DeepSpeed launcher starts torchrun without `--master_addr`, so
+          torchrun rendezvouses on its default, 127.0.0.1, and gives every worker `MASTER_ADDR=127.0.0.1`,
+          whatever the pod's variable says (checked by launching the rendered accelerate.yaml of a 1-node,
+          2-process job). Its simple launcher (`distributed_type: NO`) reads it only for more than one process,
+          and a 1-node job of that type has one. So accelerate.yaml keeps `main_process_ip: <job>-0.<job>`
+          (launch_config.py): unresolvable for one node, and unread;
+        - a 1-node CPU job runs the trainer without a launcher (`trainer_command`).
+
+        A 1-node job made by an older operator keeps the Service it got then: the only child the operator
+        deletes is a failed gang's batch Job, and the Service goes with its job by garbage collection.
+    """
+    return job.spec.resources.nodes > 1
+
+
+def master_address(job: ColocGRPOJob) -> str:
+    """Rank 0's address for `MASTER_ADDR`: its DNS name through the headless Service when the gang spans
+    pods, the loopback address when every rank is in one pod (`needs_rendezvous_service`)."""
+    return rank0_address(job.name) if needs_rendezvous_service(job) else LOOPBACK_ADDRESS
+
+
 def render_service(job: ColocGRPOJob) -> dict[str, Any]:
-    """Headless Service: gives pod `<job>-<index>` the DNS name `<job>-<index>.<job>` for rendezvous."""
+    """Headless Service: gives pod `<job>-<index>` the DNS name `<job>-<index>.<job>` for rendezvous.
+
+    Rendered for every job it is called with; `render_children` calls it only for jobs that need it
+    (`needs_rendezvous_service`: more than one node).
+    """
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -114,8 +152,8 @@ def trainer_env(job: ColocGRPOJob) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        # Rendezvous: rank 0's stable DNS name through the headless Service.
-        {"name": "MASTER_ADDR", "value": rank0_address(job.name)},
+        # Rendezvous: rank 0's stable DNS name through the headless Service (loopback for one node).
+        {"name": "MASTER_ADDR", "value": master_address(job)},
         {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         {
             "name": "MACHINE_RANK",
@@ -245,8 +283,6 @@ def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         # The operator restarts the whole gang; a single pod must never be restarted in place.
         "restartPolicy": "Never",
-        # With the headless Service of the same name, pod <job>-<i> resolves as <job>-<i>.<job>.
-        "subdomain": service_name(job.name),
         "serviceAccountName": trainer_account_name(job.name),
         # The trainer's rank 0 patches status.progress with this account's token.
         "automountServiceAccountToken": True,
@@ -255,6 +291,9 @@ def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
+    if needs_rendezvous_service(job):
+        # With the headless Service of the same name, pod <job>-<i> resolves as <job>-<i>.<job>.
+        pod_spec["subdomain"] = service_name(job.name)
     scheduling = spec.scheduling
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
