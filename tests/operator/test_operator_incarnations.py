@@ -52,6 +52,18 @@ def _fail_pod(cluster, ns: str, pod: dict) -> None:
     )
 
 
+def _restart_gang(cluster, operator, ns: str, name: str, pod: dict) -> None:
+    """Fail `pod`, then wait for the gang's first restart to be counted and the job to run again."""
+    _fail_pod(cluster, ns, pod)
+    wait_for(
+        lambda: (cluster.get_job(ns, name) or {}).get("status", {}).get("restarts") == 1,
+        60,
+        "the gang restart",
+        on_timeout=operator.log_tail,
+    )
+    _wait_phase(cluster, operator, ns, name, "Running")
+
+
 def _log_since(operator, mark: int) -> str:
     return operator.log_path.read_text(errors="replace")[mark:]
 
@@ -179,14 +191,7 @@ def test_a_restarted_gang_gets_its_missing_children_back(cluster, operator, op_n
     pod = _running_pod(cluster, ns, "mend")
     cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/mend-config")
     cluster.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/mend")
-    _fail_pod(cluster, ns, pod)
-    wait_for(
-        lambda: (cluster.get_job(ns, "mend") or {}).get("status", {}).get("restarts") == 1,
-        60,
-        "the gang restart",
-        on_timeout=operator.log_tail,
-    )
-    _wait_phase(cluster, operator, ns, "mend", "Running")
+    _restart_gang(cluster, operator, ns, "mend", pod)
     assert cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/mend-config")
     assert cluster.api.request("GET", f"/api/v1/namespaces/{ns}/services/mend")
 
@@ -214,14 +219,7 @@ def test_an_older_operators_service_of_a_one_node_job_stays_until_the_job_goes(c
     ]
     kept = cluster.api.request("POST", f"/api/v1/namespaces/{ns}/services", body=service)
 
-    _fail_pod(cluster, ns, pod)
-    wait_for(
-        lambda: (cluster.get_job(ns, "legacy") or {}).get("status", {}).get("restarts") == 1,
-        60,
-        "the gang restart",
-        on_timeout=operator.log_tail,
-    )
-    _wait_phase(cluster, operator, ns, "legacy", "Running")
+    _restart_gang(cluster, operator, ns, "legacy", pod)
     after = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/services/legacy")
     assert after["metadata"]["uid"] == kept["metadata"]["uid"]
     assert after["metadata"]["resourceVersion"] == kept["metadata"]["resourceVersion"]
