@@ -103,10 +103,10 @@ class ColocGRPOTrainer(GRPOTrainer):
         self.no_grad_tokens = no_grad_tokens
         self.defer_old_logps = defer_old_logps
         self._placeholder_old_logps = False  # the generation's old-log-prob forward is skipped
-        self._deferred_chunks: list[dict[str, Any]] = []  # buffered micro-batches whose loss forward gives them
+        # This generation's deferred micro-batches not scored yet (each leaves when its loss's forward scores it).
+        self._deferred_chunks: list[dict[str, Any]] = []
         self._ratio_pending: dict[str, Any] | None = None  # the micro-batch whose loss forward runs now
         self._sampling_stats: SamplingStats | None = None  # this generation's metrics, added up as scored
-        self._deferred_left = 0  # deferred micro-batches of this generation not scored yet
         # GRPOTrainer's own parameters, however they were passed.
         given = inspect.signature(GRPOTrainer.__init__).bind_partial(self, *args, **kwargs).arguments
         grpo_args = given.get("args")
@@ -207,7 +207,6 @@ class ColocGRPOTrainer(GRPOTrainer):
         from trl.models.utils import disable_gradient_checkpointing
 
         self._deferred_chunks = [chunk for chunk, defer in zip(chunks, deferred, strict=True) if defer]
-        self._deferred_left = len(self._deferred_chunks)
         self._sampling_stats = SamplingStats(self.vllm_importance_sampling_mode)
         for chunk in chunks:
             chunk.pop("old_per_token_logps", None)
@@ -313,8 +312,7 @@ class ColocGRPOTrainer(GRPOTrainer):
             stats = self._sampling_stats
             assert stats is not None  # set with the deferred micro-batches (_finish_old_logps)
             stats.add(logps, pending["sampling_per_token_logps"], mask, ratio)
-            self._deferred_left -= 1
-            if self._deferred_left == 0:  # the generation's last: its metrics, once, as TRL logs them
+            if not self._deferred_chunks:  # the generation's last: its metrics, once, as TRL logs them
                 self._log_sampling_metrics(stats)
                 self._sampling_stats = None
         return result
