@@ -1,7 +1,5 @@
 """`python -m colocgrpo_training --config FILE`."""
 
-import sys
+from colocgrpo_training.entrypoint import exit_process, main
 
-from colocgrpo_training.entrypoint import main
-
-sys.exit(main())
+exit_process(main())

@@ -1,16 +1,22 @@
 """`python -m colocgrpo_training --config FILE` (and `colocgrpo train`): the pod's main program.
 
 Exit codes: 0 done; 1 a failure (reason in the termination message); 2 invalid config;
-143 stopped by SIGTERM after saving a checkpoint (the next pod resumes from it).
+143 stopped by SIGTERM after saving a checkpoint (the next pod resumes from it). The process ends through
+`exit_process`, without the interpreter's finalization.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import ctypes
 import logging
 import os
 import sys
+import threading
 import traceback
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -73,6 +79,34 @@ def run(config_path: str) -> int:
         print(f"colocgrpo: {failure.reason}: {failure.message}", file=sys.stderr, flush=True)
         write_termination_message(failure)
         return failure.exit_code
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with `code` as Python's own exit does — other non-daemon threads joined, the `atexit`
+    handlers run (logging's flush, report integrations' uploads), the standard streams flushed — but without the
+    interpreter's finalization.
+
+    Why: a process-group worker thread of torch (gloo's; NCCL's watchdog alike) releases a collective's work after
+    the caller has seen it complete, and releasing its tensors takes the GIL. When that comes after finalization has
+    begun, CPython ends the thread with a forced unwind through a `noexcept` C++ destructor and the process aborts
+    (SIGABRT) although the run finished: a rank of a finished job would exit 134 and read as failed
+    (pytorch/pytorch#190489). `destroy_process_group()` cannot join those threads first: DeepSpeed's parameters
+    and engine keep the groups alive. docs/decisions.md, "The trainer exits without the interpreter's
+    finalization".
+
+    Args:
+        code (`int`): the exit status (see the module's docstring).
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)  # C libraries' buffered stdio, which os._exit would drop
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,6 @@ def _train(args: argparse.Namespace) -> int:
         )
         return 2
     # Imported here: the operator package never imports the trainer's heavy dependencies.
-    from colocgrpo_training.entrypoint import main
+    from colocgrpo_training.entrypoint import exit_process, main
 
-    return main(["--config", args.config])
+    exit_process(main(["--config", args.config]))  # as `python -m colocgrpo_training` ends
