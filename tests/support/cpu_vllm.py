@@ -158,7 +158,7 @@ class LLM:
                 else:
                     token = int(torch.multinomial(logp.exp(), 1, generator=generator))
                 generated.append(token)
-                value = float(logp[token])
+                value = float(logp[token]) + (self.probe.logprob_shift(token) if self.probe is not None else 0.0)
                 lps.append({token: Logprob(value if math.isfinite(value) else -1e9, 1)})
                 if token == self.model.config.eos_token_id and not sp.ignore_eos:
                     break

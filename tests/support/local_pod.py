@@ -9,13 +9,24 @@ port (a free one: tests run side by side) and the DeepSpeed file's path; grpo.ya
 module folder (the pod mounts the reward ConfigMap at a fixed path) and progress patching (no
 cluster). Everything else — DEEPSPEED, `use_cpu: false`, the process count, ZeRO-3 — is the
 operator's.
+
+`launch_pod` runs such a command to its end under a hard time limit (a hang fails the test, it never stalls CI) and
+returns what it printed and what every rank's probe (`support.rank_probe`) recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import signal
 import socket
+import subprocess
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +75,82 @@ def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def progress_steps(stdout: str) -> list[int]:
+    """Steps of rank 0's progress lines (a line still being written is skipped)."""
+    steps = []
+    for line in stdout.splitlines():
+        if line.startswith('{"progress"'):
+            with contextlib.suppress(ValueError):
+                steps.append(json.loads(line)["progress"]["step"])
+    return steps
+
+
+@dataclass
+class Launch:
+    """One launch of a pod command: its exit status, output and every rank's probe records."""
+
+    work: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    records: dict[int, list[dict]] = field(default_factory=dict)
+
+    def events(self, rank: int, kind: str) -> list[dict]:
+        return [r for r in self.records[rank] if r["event"] == kind]
+
+    def tail(self) -> str:
+        return f"--- stderr ---\n{self.stderr[-6000:]}\n--- stdout ---\n{self.stdout[-2000:]}"
+
+    def exit_codes(self) -> dict[int, int]:
+        """Every rank's exit code, from the launcher's failure report (torch's elastic agent lists
+        each rank once any failed: those that ended by themselves, then those it stopped)."""
+        found = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", self.stderr)
+        return {int(rank): int(code) for rank, code in found}
+
+    def progress_steps(self) -> list[int]:
+        return progress_steps(self.stdout)
+
+
+def launch_pod(
+    command: list[str],
+    work: Path,
+    env: dict[str, str],
+    *,
+    world: int,
+    limit_s: float,
+    probe_dir: Path,
+    until: Callable[[], bool] | None = None,
+) -> Launch:
+    """Run `command` in `work` (stdout.log and stderr.log there) in a process group of its own, killed with every
+    rank once `limit_s` has passed, which fails the calling test. `until`, while it returns False, is called
+    every 0.2 s as the launch runs (to act on it, e.g. signal a rank); the probe records of ranks 0 to
+    `world - 1` are read from `probe_dir` at the end."""
+    import pytest
+
+    with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
+        proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + limit_s
+        waiting = until is not None
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    stderr = (work / "stderr.log").read_text(errors="replace")
+                    pytest.fail(f"{work.name}: no exit within {limit_s} s (a hang)\n{stderr[-6000:]}")
+                if waiting and until is not None:
+                    waiting = not until()
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return Launch(
+        work,
+        proc.returncode,
+        (work / "stdout.log").read_text(errors="replace"),
+        (work / "stderr.log").read_text(errors="replace"),
+        {rank: read_json_lines(probe_dir / f"rank{rank}.jsonl") for rank in range(world)},
+    )

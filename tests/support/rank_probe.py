@@ -9,13 +9,19 @@ then on each rank appends JSON lines to `DIR/rank<R>.jsonl`:
 - `push`: after every weight push, whether the engine's weights equal the trainer's weights
   gathered by DeepSpeed (`GatheredParameters`, independently of the push's own gather) bit for
   bit, their digest, and how the ZeRO-3 partitions are laid out;
-- `agree`: a rank's own measurement and the value all ranks agreed on.
+- `agree`: a rank's own measurement and the value all ranks agreed on;
+- `no_grad_forward`: the rows of each log-prob forward the trainer ran without gradients (TRL's old log-probs);
+- `log`: every set of values the trainer logged (`Trainer.log`).
 Rank 0 also saves the first push's gathered weights (`first-push.pt`).
 
-Faults it injects, each for the ranks listed:
+Faults and variants it injects, each for the ranks listed:
   COLOCGRPO_PROBE_WAKE1_SKEW="2,3:0.5"      the level-1 weight wake is 0.5 s slower there
   COLOCGRPO_PROBE_HIDE="2,3:checkpoint-9"   their listing of the checkpoint folder lacks checkpoint-9
   COLOCGRPO_PROBE_SIGTERM_AT_BUILD="3"      SIGTERM while the engine is built (before training starts)
+  COLOCGRPO_PROBE_LOGPROB_SHIFT="0,1:on"    the engine's log-probs differ from its model's by a per-token amount
+                                            (`LOGPROB_SHIFTS`), so vLLM's importance-sampling correction is far from 1
+  COLOCGRPO_PROBE_OLD_LOGPS="0,1:forward"   the trainer forwards every row for its old log-probs, as TRL does
+                                            (`ColocGRPOTrainer(defer_old_logps=False)`)
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ DIR_ENV = "COLOCGRPO_PROBE_DIR"
 WAKE1_SKEW_ENV = "COLOCGRPO_PROBE_WAKE1_SKEW"
 HIDE_ENV = "COLOCGRPO_PROBE_HIDE"
 SIGTERM_AT_BUILD_ENV = "COLOCGRPO_PROBE_SIGTERM_AT_BUILD"
+LOGPROB_SHIFT_ENV = "COLOCGRPO_PROBE_LOGPROB_SHIFT"
+OLD_LOGPS_ENV = "COLOCGRPO_PROBE_OLD_LOGPS"
+# Added to the engine's log-prob of token t: LOGPROB_SHIFTS[t % 3].
+LOGPROB_SHIFTS = (0.0, -0.4, 0.3)
 
 
 def enabled() -> bool:
@@ -67,6 +77,7 @@ class Probe:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         skew = _for_this_rank(WAKE1_SKEW_ENV)
         self.wake1_skew_seconds = float(skew) if skew else 0.0
+        self.logprobs_shifted = _for_this_rank(LOGPROB_SHIFT_ENV) is not None
         self.pushes = 0
 
     def record(self, event: str, **fields: Any) -> None:
@@ -79,6 +90,10 @@ class Probe:
 
     def slept(self, level: int) -> None:
         self.record("sleep", level=level)
+
+    def logprob_shift(self, token: int) -> float:
+        """What the engine adds to its log-prob of `token` (0 unless COLOCGRPO_PROBE_LOGPROB_SHIFT lists this rank)."""
+        return LOGPROB_SHIFTS[token % len(LOGPROB_SHIFTS)] if self.logprobs_shifted else 0.0
 
     # -- wrapped trainer code ------------------------------------------------------------
     def check_push(self, engine: Any) -> None:
@@ -180,6 +195,7 @@ def _install(probe: Probe) -> None:
     SleepController.finish = recorded_finish
     ColocatedVLLM.push_weights = checked_push_weights
     ColocatedVLLM._agree_max = recorded_agree_max
+    _install_trainer_records(probe)
 
     hidden = _for_this_rank(HIDE_ENV)
     if hidden:
@@ -190,3 +206,32 @@ def _install(probe: Probe) -> None:
             return [(step, path) for step, path in listing(output_dir) if path.name not in hidden.split("+")]
 
         checkpoints.checkpoints_by_step = lagging_listing
+
+
+def _install_trainer_records(probe: Probe) -> None:
+    """Record the trainer's no-grad log-prob forwards and its logs; with OLD_LOGPS_ENV, TRL's own old log-probs."""
+    import torch
+    from transformers import Trainer
+    from trl import GRPOTrainer
+
+    from colocgrpo_training.generation import ColocGRPOTrainer
+
+    logps = GRPOTrainer._get_per_token_logps_and_entropies
+
+    @functools.wraps(logps)
+    def counted_logps(self, model, input_ids, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            probe.record("no_grad_forward", rows=int(input_ids.size(0)))
+        return logps(self, model, input_ids, *args, **kwargs)
+
+    log = Trainer.log
+
+    @functools.wraps(log)
+    def recorded_log(self, logs, *args, **kwargs):
+        probe.record("log", logs={k: float(v) for k, v in logs.items() if isinstance(v, int | float)})
+        return log(self, logs, *args, **kwargs)
+
+    GRPOTrainer._get_per_token_logps_and_entropies = counted_logps
+    Trainer.log = recorded_log
+    if _for_this_rank(OLD_LOGPS_ENV) == "forward":
+        ColocGRPOTrainer._defers_old_logps = lambda self, generation_batch: False

@@ -47,3 +47,21 @@ def trainer_env() -> Callable[[Path], dict[str, str]]:
         return env
 
     return build
+
+
+@pytest.fixture(scope="session")
+def pod_env(trainer_env) -> Callable[[Path], dict[str, str]]:
+    """`trainer_env` for a pod command launched here (`support.local_pod`): the CPU vLLM stand-in (written under the
+    folder), tests/, the trainer and the operator on PYTHONPATH, so that every rank imports them by name."""
+    from support import cpu_vllm
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def build(workdir: Path) -> dict[str, str]:
+        env = trainer_env(workdir)
+        standin = cpu_vllm.write_package(workdir / "standin")
+        paths = [standin, repo / "tests", repo / "training", repo / "operator", repo]
+        env["PYTHONPATH"] = os.pathsep.join(str(path) for path in paths)
+        return env
+
+    return build

@@ -16,15 +16,12 @@ Three launches, each under a hard time limit (a hang fails the test, it never st
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import os
 import re
 import shutil
 import signal
-import subprocess
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -32,8 +29,8 @@ import pytest
 from colocgrpo_training.checkpoints import COMPLETE_MARKER
 from colocgrpo_training.failures import EXIT_TERMINATED
 from colocgrpo_training.generation.policy import PRIOR_HOST_LINK_BYTES_PER_S, PRIOR_PUSH_BYTES_PER_S
-from support import cpu_vllm, rank_probe
-from support.local_pod import read_json_lines, render_pod
+from support import rank_probe
+from support.local_pod import Launch, launch_pod, progress_steps, read_json_lines, render_pod
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -86,40 +83,6 @@ def job(work: Path, model: Path, max_steps: int) -> dict:
     }
 
 
-@dataclass
-class Launch:
-    work: Path
-    returncode: int
-    stdout: str
-    stderr: str
-    records: dict[int, list[dict]] = field(default_factory=dict)
-
-    def events(self, rank: int, kind: str) -> list[dict]:
-        return [r for r in self.records[rank] if r["event"] == kind]
-
-    def tail(self) -> str:
-        return f"--- stderr ---\n{self.stderr[-6000:]}\n--- stdout ---\n{self.stdout[-2000:]}"
-
-    def exit_codes(self) -> dict[int, int]:
-        """Every rank's exit code, from the launcher's failure report (torch's elastic agent lists
-        each rank once any failed: those that ended by themselves, then those it stopped)."""
-        found = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", self.stderr)
-        return {int(rank): int(code) for rank, code in found}
-
-    def progress_steps(self) -> list[int]:
-        return progress_steps(self.stdout)
-
-
-def progress_steps(stdout: str) -> list[int]:
-    """Steps of rank 0's progress lines (a line still being written is skipped)."""
-    steps = []
-    for line in stdout.splitlines():
-        if line.startswith('{"progress"'):
-            with contextlib.suppress(ValueError):
-                steps.append(json.loads(line)["progress"]["step"])
-    return steps
-
-
 def launch(
     name: str,
     work_root: Path,
@@ -142,33 +105,10 @@ def launch(
         "PYTHONUNBUFFERED": "1",
         **probe_env,
     }
-    with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
-        # Its own process group: on a limit the launcher and every rank go together.
-        proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
-        deadline = time.monotonic() + LAUNCH_LIMIT_S
-        signalled = sigterm_rank_after_step is None
-        try:
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    stderr = (work / "stderr.log").read_text(errors="replace")
-                    pytest.fail(f"{name}: no exit within {LAUNCH_LIMIT_S} s (a hang)\n{stderr[-6000:]}")
-                if not signalled:
-                    signalled = _sigterm_after(work, sigterm_rank_after_step)
-                time.sleep(0.2)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    result = Launch(
-        work,
-        proc.returncode,
-        (work / "stdout.log").read_text(errors="replace"),
-        (work / "stderr.log").read_text(errors="replace"),
-    )
-    result.records = {rank: read_json_lines(work / "probe" / f"rank{rank}.jsonl") for rank in range(WORLD)}
-    return result
+    until = None
+    if sigterm_rank_after_step is not None:
+        until = functools.partial(_sigterm_after, work, sigterm_rank_after_step)
+    return launch_pod(command, work, env, world=WORLD, limit_s=LAUNCH_LIMIT_S, probe_dir=work / "probe", until=until)
 
 
 def _sigterm_after(work: Path, step: int) -> bool:
@@ -187,14 +127,8 @@ def work_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def launch_env(work_root, trainer_env) -> dict:
-    repo = Path(__file__).resolve().parents[2]
-    standin = cpu_vllm.write_package(work_root / "standin")
-    env = trainer_env(work_root)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(standin), str(repo / "tests"), str(repo / "training"), str(repo / "operator"), str(repo)]
-    )
-    return env
+def launch_env(work_root, pod_env) -> dict:
+    return pod_env(work_root)
 
 
 @pytest.fixture(scope="module")
