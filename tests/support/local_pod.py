@@ -39,6 +39,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A reward that differs between completions of one prompt, so GRPO's advantages and updates are not zero.
+VARIED_REWARD = """
+def varied(completions, **kwargs):
+    return [float(sum(map(ord, str(c))) % 7) for c in completions]
+"""
+
+
+def cpu_pod_job(
+    work: Path,
+    model: Path,
+    *,
+    name: str,
+    gpus: int,
+    tp: int,
+    sleep_policy: str,
+    checkpoint: dict[str, Any],
+    trainer_args: dict[str, Any],
+) -> dict[str, Any]:
+    """A one-node ColocGRPOJob of `gpus` processes for a pod command launched here: `model` in float32, 16 arithmetic
+    prompts (written to `work/train.jsonl`), the reward `cpu_rewards:varied` (written to `work/rewards`: pass that
+    folder to `render_pod`), `trainer_args` over what every CPU launch needs (gloo, no dataloader workers)."""
+    rows = [{"problem": f"What is {i} + {i + 1}?", "solution": f"${2 * i + 1}$"} for i in range(16)]
+    (work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (work / "rewards").mkdir(parents=True, exist_ok=True)
+    (work / "rewards" / "cpu_rewards.py").write_text(VARIED_REWARD)
+    return {
+        "apiVersion": "colocgrpo.io/v1alpha1",
+        "kind": "ColocGRPOJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": str(model), "dtype": "float32"},
+            "dataset": {"name": str(work / "train.jsonl"), "maxPromptTokens": 32},
+            "resources": {"nodes": 1, "gpusPerNode": gpus},
+            "vllm": {"tensorParallelSize": tp, "sleepPolicy": sleep_policy, "maxModelLen": 128},
+            "rewards": [{"function": "cpu_rewards:varied"}],
+            "rewardModules": {"configMapName": "rewards"},
+            "checkpoint": checkpoint,
+            # gloo: accelerate hands DeepSpeed no backend on a machine without CUDA, which then counts one process.
+            "trainerArgs": {"ddp_backend": "gloo", "dataloader_num_workers": 0, "disable_tqdm": True, **trainer_args},
+        },
+    }
+
+
 def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path | None = None) -> list[str]:
     """Write the job's launch files under `work` and return the pod command for machine rank 0."""
     from colocgrpo_operator.api import parse_job

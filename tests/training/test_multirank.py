@@ -30,7 +30,7 @@ from colocgrpo_training.checkpoints import COMPLETE_MARKER
 from colocgrpo_training.failures import EXIT_TERMINATED
 from colocgrpo_training.generation.policy import PRIOR_HOST_LINK_BYTES_PER_S, PRIOR_PUSH_BYTES_PER_S
 from support import rank_probe
-from support.local_pod import Launch, launch_pod, progress_steps, read_json_lines, render_pod
+from support.local_pod import Launch, cpu_pod_job, launch_pod, progress_steps, read_json_lines, render_pod
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -42,45 +42,29 @@ SKEWED_RANKS, WAKE1_SKEW_S = (2, 3), 0.5
 SIGTERM_AFTER_STEP = 2
 LAUNCH_LIMIT_S = 300  # a launch takes ~1 min on two loaded cores; past this it hangs
 
-REWARDS = '''
-def varied(completions, **kwargs):
-    """Differs between completions of one prompt, so GRPO's advantages and updates are not zero."""
-    return [float(sum(map(ord, str(c))) % 7) for c in completions]
-'''
-
 
 def job(work: Path, model: Path, max_steps: int) -> dict:
-    rows = [{"problem": f"What is {i} + {i + 1}?", "solution": f"${2 * i + 1}$"} for i in range(16)]
-    (work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {
-        "apiVersion": "colocgrpo.io/v1alpha1",
-        "kind": "ColocGRPOJob",
-        "metadata": {"name": "multirank"},
-        "spec": {
-            "model": {"name": str(model), "dtype": "float32"},
-            "dataset": {"name": str(work / "train.jsonl"), "maxPromptTokens": 32},
-            "resources": {"nodes": 1, "gpusPerNode": WORLD},
-            "vllm": {"tensorParallelSize": TP, "sleepPolicy": "auto", "maxModelLen": 128},
-            "rewards": [{"function": "cpu_rewards:varied"}],
-            "rewardModules": {"configMapName": "rewards"},
-            "checkpoint": {"path": str(work.parent / "checkpoints"), "saveFinalModel": False},
-            "trainerArgs": {
-                "max_steps": max_steps,
-                "per_device_train_batch_size": 2,
-                # Each prompt 4 times: twice on each rank of one TP group.
-                "num_generations": 4,
-                "max_completion_length": 6,
-                # Two generates per optimizer step: the first has no push due before the next.
-                "gradient_accumulation_steps": 2,
-                "steps_per_generation": 1,
-                "learning_rate": 0.05,
-                "seed": 5,
-                "ddp_backend": "gloo",
-                "dataloader_num_workers": 0,
-                "disable_tqdm": True,
-            },
+    return cpu_pod_job(
+        work,
+        model,
+        name="multirank",
+        gpus=WORLD,
+        tp=TP,
+        sleep_policy="auto",
+        checkpoint={"path": str(work.parent / "checkpoints"), "saveFinalModel": False},
+        trainer_args={
+            "max_steps": max_steps,
+            "per_device_train_batch_size": 2,
+            # Each prompt 4 times: twice on each rank of one TP group.
+            "num_generations": 4,
+            "max_completion_length": 6,
+            # Two generates per optimizer step: the first has no push due before the next.
+            "gradient_accumulation_steps": 2,
+            "steps_per_generation": 1,
+            "learning_rate": 0.05,
+            "seed": 5,
         },
-    }
+    )
 
 
 def launch(
@@ -95,8 +79,6 @@ def launch(
 ) -> Launch:
     work = work_root / name
     work.mkdir(parents=True)
-    (work / "rewards").mkdir()
-    (work / "rewards" / "cpu_rewards.py").write_text(REWARDS)
     command = render_pod(job(work, model, max_steps), work / "config", reward_modules_dir=work / "rewards")
     env = {
         **env,

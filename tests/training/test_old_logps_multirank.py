@@ -13,14 +13,13 @@ can fail, are in test_old_logps.py.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from colocgrpo_training.generation.old_logps import METRIC_NAMES
 from support import rank_probe
-from support.local_pod import Launch, launch_pod, render_pod
+from support.local_pod import Launch, cpu_pod_job, launch_pod, render_pod
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -30,54 +29,37 @@ WORLD, TP = 2, 2
 PER_DEVICE, GENERATIONS, ACCUMULATION, STEPS_PER_GENERATION, MAX_STEPS = 2, 4, 2, 4, 4
 LAUNCH_LIMIT_S = 300  # a launch takes well under a minute on two loaded cores; past this it hangs
 
-REWARDS = '''
-def varied(completions, **kwargs):
-    """Differs between completions of one prompt, so GRPO's advantages and updates are not zero."""
-    return [float(sum(map(ord, str(c))) % 7) for c in completions]
-'''
-
 
 def job(work: Path, model: Path) -> dict:
-    rows = [{"problem": f"What is {i} + {i + 2}?", "solution": f"${2 * i + 2}$"} for i in range(16)]
-    (work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {
-        "apiVersion": "colocgrpo.io/v1alpha1",
-        "kind": "ColocGRPOJob",
-        "metadata": {"name": "old-logps"},
-        "spec": {
-            "model": {"name": str(model), "dtype": "float32"},
-            "dataset": {"name": str(work / "train.jsonl"), "maxPromptTokens": 32},
-            "resources": {"nodes": 1, "gpusPerNode": WORLD},
-            "vllm": {"tensorParallelSize": TP, "sleepPolicy": "level2", "maxModelLen": 128},
-            "rewards": [{"function": "cpu_rewards:varied"}],
-            "rewardModules": {"configMapName": "rewards"},
-            "checkpoint": {"path": str(work / "checkpoints"), "saveFinalModel": True},
-            "trainerArgs": {
-                "max_steps": MAX_STEPS,
-                "per_device_train_batch_size": PER_DEVICE,
-                "num_generations": GENERATIONS,
-                "max_completion_length": 6,
-                # A generation per two optimizer steps: its first two micro-batches train under the policy that
-                # generated them (deferred), the last two after an optimizer step (forwarded).
-                "gradient_accumulation_steps": ACCUMULATION,
-                "steps_per_generation": STEPS_PER_GENERATION,
-                "vllm_importance_sampling_mode": "token_truncate",
-                "vllm_importance_sampling_clip_max": 3.0,
-                "learning_rate": 0.05,
-                "seed": 5,
-                "logging_steps": 1,
-                "ddp_backend": "gloo",
-                "dataloader_num_workers": 0,
-                "disable_tqdm": True,
-            },
+    return cpu_pod_job(
+        work,
+        model,
+        name="old-logps",
+        gpus=WORLD,
+        tp=TP,
+        sleep_policy="level2",
+        checkpoint={"path": str(work / "checkpoints"), "saveFinalModel": True},
+        trainer_args={
+            "max_steps": MAX_STEPS,
+            "per_device_train_batch_size": PER_DEVICE,
+            "num_generations": GENERATIONS,
+            "max_completion_length": 6,
+            # A generation per two optimizer steps: its first two micro-batches train under the policy that
+            # generated them (deferred), the last two after an optimizer step (forwarded).
+            "gradient_accumulation_steps": ACCUMULATION,
+            "steps_per_generation": STEPS_PER_GENERATION,
+            "vllm_importance_sampling_mode": "token_truncate",
+            "vllm_importance_sampling_clip_max": 3.0,
+            "learning_rate": 0.05,
+            "seed": 5,
+            "logging_steps": 1,
         },
-    }
+    )
 
 
 def launch(name: str, root: Path, model: Path, env: dict[str, str], old_logps: str | None) -> Launch:
     work = root / name
-    (work / "rewards").mkdir(parents=True)
-    (work / "rewards" / "cpu_rewards.py").write_text(REWARDS)
+    work.mkdir(parents=True)
     command = render_pod(job(work, model), work / "config", reward_modules_dir=work / "rewards")
     ranks = ",".join(map(str, range(WORLD)))
     env = {
