@@ -1161,4 +1161,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        # A rank of a contender's launch: it leaves as the trainer's pods do, without the interpreter's
+        # finalization, where a torch process-group thread may abort it (colocgrpo_training.entrypoint).
+        from colocgrpo_training.entrypoint import exit_process
+
+        exit_process(main())
     sys.exit(main())
