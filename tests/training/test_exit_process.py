@@ -56,3 +56,52 @@ def test_exit_keeps_the_code_threads_atexit_and_output_and_skips_finalization(tm
     assert (tmp_path / "thread").read_text() == "finished"
     assert (tmp_path / "atexit").read_text() == "ran"
     assert not (tmp_path / "finalized").exists()
+
+
+PYTEST_FILE = textwrap.dedent(
+    """
+    import os, pathlib
+
+
+    class Finalized:
+        # What it needs is bound here: by the time finalization releases it, module globals may be gone.
+        def __del__(self, write=pathlib.Path(os.environ["OUT"], "finalized").write_text):
+            write("the interpreter's finalization ran")
+
+
+    kept = Finalized()
+
+
+    def test_outcome():
+        assert os.environ["OUTCOME"] == "pass"
+    """
+)
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("pass", 0), ("fail", 1)])
+def test_the_gpu_suites_pytest_plugin_exits_with_pytests_status_after_its_reports(tmp_path, outcome, code):
+    """tests/gpu/drivers/pytest_exit.py, as run_on_device.sh loads it into every pytest process of the GPU suites."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "test_suite.py").write_text(PYTEST_FILE)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{repo}:{repo / 'training'}",
+        "OUT": str(tmp_path),
+        "OUTCOME": outcome,
+    }
+    options = ["-p", "tests.gpu.drivers.pytest_exit", "-p", "no:cacheprovider", "--noconftest"]
+    options += [f"--junitxml={tmp_path / 'junit.xml'}", str(tmp_path / "test_suite.py")]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *options],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == code, result.stdout + result.stderr
+    assert f"1 {'passed' if code == 0 else 'failed'}" in result.stdout  # the summary, written before the exit
+    assert 'tests="1"' in (tmp_path / "junit.xml").read_text()
+    assert not (tmp_path / "finalized").exists()
