@@ -20,6 +20,7 @@ from colocgrpo_training.generation.old_logps import (  # noqa: E402
     SamplingStats,
     deferrable_chunks,
     importance_sampling_ratio,
+    scored_mask,
 )
 
 pytestmark = pytest.mark.trainer
@@ -69,6 +70,13 @@ def test_sequence_modes_use_the_summed_difference():
     assert truncated[0, 0] == pytest.approx(math.exp(-0.5)) and truncated[1, 0] == pytest.approx(math.exp(-2.0))
     masked = importance_sampling_ratio(OLD, SAMPLING, MASK, "sequence_mask", 0.5, 3.0)
     assert masked[0, 0] == pytest.approx(math.exp(-0.5)) and masked[1, 0] == 0.0
+
+
+def test_the_scored_tokens_leave_out_tool_results_as_trl_does():
+    completion = torch.tensor([[1, 1, 1, 0]])
+    assert torch.equal(scored_mask({"completion_mask": completion}), completion)
+    tools = torch.tensor([[1, 0, 1, 1]])
+    assert torch.equal(scored_mask({"completion_mask": completion, "tool_mask": tools}), torch.tensor([[1, 0, 1, 0]]))
 
 
 def test_an_unknown_mode_is_named():

@@ -8,6 +8,7 @@ log-probs anyway (TRL itself uses `per_token_logps.detach()` as the old ones whe
 trained after an optimizer step need the extra forward. This module holds the pure parts of doing it that way:
 
 - `deferrable_chunks`: which of a generation's micro-batches train before the next optimizer step;
+- `scored_mask`: the tokens the correction covers;
 - `importance_sampling_ratio`: TRL 1.16's correction (`_generate_and_score_completions`), all four modes;
 - `SamplingStats`: the values TRL logs for it (`sampling/sampling_logp_difference/*`,
   `sampling/importance_sampling_ratio/*`) over a whole generation batch, per rank, before the gather.
@@ -41,6 +42,13 @@ def deferrable_chunks(micro_step: int, steps_per_generation: int, gradient_accum
         raise ValueError("steps_per_generation and gradient_accumulation_steps must be >= 1, micro_step >= 0")
     into_step = micro_step % gradient_accumulation_steps
     return [into_step + i < gradient_accumulation_steps for i in range(steps_per_generation)]
+
+
+def scored_mask(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The completion tokens the correction and its metrics cover, as TRL 1.16 masks them: `completion_mask`, times
+    `tool_mask` (0 on tool-result tokens) when the micro-batch has one."""
+    mask = inputs["completion_mask"]
+    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
 
 def importance_sampling_ratio(

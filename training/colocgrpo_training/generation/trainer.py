@@ -41,6 +41,7 @@ from colocgrpo_training.generation.old_logps import (
     SamplingStats,
     deferrable_chunks,
     importance_sampling_ratio,
+    scored_mask,
 )
 from colocgrpo_training.generation.schedules import predict_next_generate
 from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
@@ -229,8 +230,9 @@ class ColocGRPOTrainer(GRPOTrainer):
                 batch_size=self.args.per_device_train_batch_size,
             )
         sampling = torch.cat([chunk["sampling_per_token_logps"] for chunk in later])
-        ratio = self._importance_sampling_ratio(old, sampling, completion_mask)
-        self._sampling_stats.add(old, sampling, completion_mask, ratio)
+        scored = torch.cat([scored_mask(chunk) for chunk in later])
+        ratio = self._importance_sampling_ratio(old, sampling, scored)
+        self._sampling_stats.add(old, sampling, scored, ratio)
         start = 0
         for chunk in later:
             rows = chunk["completion_ids"].size(0)
@@ -304,9 +306,7 @@ class ColocGRPOTrainer(GRPOTrainer):
             # log-probs are the old ones (TRL then uses them as such), and the correction comes from them.
             self._ratio_pending = None
             logps = result[0].detach()
-            mask = pending["completion_mask"]
-            if "tool_mask" in pending:
-                mask = mask * pending["tool_mask"]
+            mask = scored_mask(pending)
             ratio = self._importance_sampling_ratio(logps, pending["sampling_per_token_logps"], mask)
             pending["importance_sampling_ratio"] = ratio
             stats = self._sampling_stats
