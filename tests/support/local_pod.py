@@ -175,7 +175,6 @@ def launch_pod(
     with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
         deadline = time.monotonic() + limit_s
-        waiting = until is not None
         try:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
@@ -183,8 +182,8 @@ def launch_pod(
                     proc.wait()
                     stderr = (work / "stderr.log").read_text(errors="replace")
                     pytest.fail(f"{work.name}: no exit within {limit_s} s (a hang)\n{stderr[-6000:]}")
-                if waiting and until is not None:
-                    waiting = not until()
+                if until is not None and until():
+                    until = None  # done: no more calls
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:
