@@ -98,12 +98,14 @@ if [[ "$CPU" == 1 ]]; then
 else
   say "gpu: $(nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | head -1)"
 fi
+# Every pytest process of the suites, one or NPROC of them, leaves without the interpreter's finalization, as the
+# trainer does (pytest_exit.py).
+PYTEST_MODULE=(-m pytest -p tests.gpu.drivers.pytest_exit)
 # The integrity suite in NPROC processes (each rank checks its share of its TP group's generates).
-# Each pytest process leaves without the interpreter's finalization, as the trainer does (pytest_exit.py).
 if (( NPROC > 1 )); then
-  PYTEST=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m pytest -p tests.gpu.drivers.pytest_exit)
+  PYTEST=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" "${PYTEST_MODULE[@]}")
 else
-  PYTEST=("$PY" -m pytest -p tests.gpu.drivers.pytest_exit)
+  PYTEST=("$PY" "${PYTEST_MODULE[@]}")
 fi
 SHAPE_ARGS=(--num-processes "$NPROC" --tp "$TP")
 [[ -d "$COLOCGRPO_TEST_MODEL" ]] || die "model missing at $COLOCGRPO_TEST_MODEL (run tests/gpu/drivers/offline_wheels/install.sh first)"
@@ -169,7 +171,7 @@ if [[ ",$PARTS," == *",push,"* ]]; then
   # Both ZeRO-3 layouts: every parameter resident (the operator's one-GPU render) and DeepSpeed's default.
   for layout in product plain; do
     COLOCGRPO_PUSH_ZERO3_LAYOUT=$layout run_part "push-$layout" 150 \
-      "$PY" -m pytest -p tests.gpu.drivers.pytest_exit -p no:cacheprovider --noconftest -m gpu -v -s -rA tests/gpu/test_push_path.py
+      "$PY" "${PYTEST_MODULE[@]}" -p no:cacheprovider --noconftest -m gpu -v -s -rA tests/gpu/test_push_path.py
     grep -E "zero3 layout|push source|PASSED|FAILED|ERROR|passed|failed" "$OUT/push-$layout.log" | tail -5 >>"$SUMMARY"
   done
 fi
@@ -264,7 +266,7 @@ if [[ ",$PARTS," == *",offload,"* ]]; then
   # the first FusedAdam use JIT-compiles it).
   mkdir -p "$WORK/offload"
   COLOCGRPO_RESULTS_DIR="$WORK/offload" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}" run_part offload 420 \
-    "$PY" -m pytest -p tests.gpu.drivers.pytest_exit -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_trainer_state_offload.py
+    "$PY" "${PYTEST_MODULE[@]}" -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_trainer_state_offload.py
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/offload.log" | tail -4 >>"$SUMMARY"
 fi
 if [[ ",$PARTS," == *",offload-memory,"* ]]; then
@@ -288,7 +290,7 @@ if [[ ",$PARTS," == *",gather-integrity,"* ]]; then
   COLOCGRPO_INTEGRITY_ZERO3=1 COLOCGRPO_PUSH_FORCE_GATHER=1 COLOCGRPO_RESULTS_DIR="$WORK/gather-integrity" \
     COLOCGRPO_INTEGRITY_POLICIES="${GATHER_POLICIES:-level2,auto}" COLOCGRPO_INTEGRITY_SEEDS="${GATHER_SEEDS:-11,12}" \
     COLOCGRPO_INTEGRITY_MAX_STEPS=5 COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}" run_part gather-integrity 400 \
-    "$PY" -m pytest -p tests.gpu.drivers.pytest_exit -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py
+    "$PY" "${PYTEST_MODULE[@]}" -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gather-integrity.log" | tail -6 >>"$SUMMARY"
 fi
 if [[ ",$PARTS," == *",gather-learning,"* ]]; then
