@@ -1,6 +1,9 @@
 """The headline table from several pair runs (bench/grpo_step.py --pair ..., one bench.json each).
 
-    python3 -m bench.pair_table RUN.json [RUN.json ...] [--machine RUN.json=LABEL ...] [--json OUT]
+    python3 -m bench.pair_table RUN.json [RUN.json ...] [--machine RUN.json=LABEL ...] [--probe PROBE.json ...]
+        [--json OUT]
+    python3 -m bench.pair_table --write [RUN.json ...]    # rewrite the results in README and the benchmark pages
+    python3 -m bench.pair_table --check                   # exit 1 where a page's results differ from the raw files
 
 Every run is reported (no best-of): each TRL contender of a run forms one pair with that run's ours
 contender, and every pair is a row with its pair index and run order, machine, host CPU, GPU,
@@ -9,7 +12,7 @@ Then per TRL configuration (trl-sleep under plain ZeRO-3, under the one-GPU file
 DeepSpeed): the median ratio over its pairs with the min–max, overall and per machine. TRL's best
 configuration is the one of the two DeepSpeed ones (`@plain`, `@product`) with the lower median
 s/step over its pairs; `@none` (no DeepSpeed) is shown beside it as a reference. Last, the verdict
-on each target of issue #21 (`TARGETS`), overall and on every machine. A run that is incomplete (a
+on each target (`TARGETS`), overall and on every machine. A run that is incomplete (a
 contender skipped, failed or timed out) is listed, and the pairs it did measure still count; the
 table then exits 1.
 
@@ -25,11 +28,17 @@ modules (the pod, the Service) do not run in a step.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
+import glob
 import json
+import os
+import re
+import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +49,7 @@ DENOMINATOR_FILES = ("plain", "product")
 # accelerate files (a blob).
 MEASURED_CODE = ("training", "operator/colocgrpo_operator/render/launch_config.py")
 MEASURED_CODE_BEFORE_2E9977D = ("training", "operator/colocgrpo_operator/render")
-# Issue #21's targets: (what, statistic, limit). `plain` is trl-sleep under plain ZeRO-3; `best` is
+# The targets: (what, statistic, limit). `plain` is trl-sleep under plain ZeRO-3; `best` is
 # TRL's best measured DeepSpeed configuration; `floor` is ours ÷ the floor printed in the same run.
 TARGETS = (
     ("ours ÷ trl-sleep@plain, median", "plain", "median", 0.50),
@@ -116,7 +125,6 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
             left_out.append(f"{name}: no measured pair ({[r['contender'] for r in results]})")
             continue
         host = run.get("host", {})
-        machine = (machines or {}).get(name) or host.get("boot_id") or host.get("hostname", "?")
         order = ",".join(run.get("contenders_in_run_order") or [r["contender"] for r in results])
         floor = run.get("floor", {}).get("floor_s_per_step")
         commit = str(host.get("commit", "?"))
@@ -127,7 +135,7 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
                     "run": name,
                     "pair_index": run.get("pair_index"),
                     "order": order,
-                    "machine": str(machine)[:12],
+                    "machine": machine_of(name, run, machines),
                     "cpu": host.get("cpu_model", "?"),
                     "gpu": host.get("gpu", "?"),
                     "commit": commit[:12],
@@ -147,7 +155,8 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
 
 
 def spread(values: list[float], unit: str = "pairs") -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f}, {len(values)} {unit})"
+    count = f"{len(values)} {unit if len(values) != 1 else unit.removesuffix('s')}"
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f}, {count})"
 
 
 def verdicts(rows: list[dict], best: str | None) -> tuple[list[str], list[dict]]:
@@ -175,7 +184,9 @@ def verdicts(rows: list[dict], best: str | None) -> tuple[list[str], list[dict]]
     return lines, found
 
 
-def table(rows: list[dict], left_out: list[str]) -> tuple[list[str], dict]:
+def table(rows: list[dict], left_out: list[str], run_cell: Callable[[str], str] = str) -> tuple[list[str], dict]:
+    """The pair rows, the statistics per TRL configuration, TRL's best, the floor and the verdicts, as Markdown
+    lines; `run_cell` writes a run's name into its cell (a link on a page). Returns the lines and the summary."""
     lines = [
         "| run | pair index | run order | machine | host CPU | GPU | commit | ours s/step | TRL | TRL s/step "
         "| ratio | ours ÷ floor |",
@@ -184,7 +195,7 @@ def table(rows: list[dict], left_out: list[str]) -> tuple[list[str], dict]:
     for r in rows:
         floor = "" if r["ours_over_floor"] is None else f"{r['ours_over_floor']:.2f}"
         lines.append(
-            f"| {r['run']} | {r['pair_index']} | {r['order']} | {r['machine']} | {r['cpu']} | {r['gpu']} "
+            f"| {run_cell(r['run'])} | {r['pair_index']} | {r['order']} | {r['machine']} | {r['cpu']} | {r['gpu']} "
             f"| {r['commit']} | {r['ours_s']:.3f} | {r['trl']} | {r['trl_s']:.3f} | {r['ratio']:.3f} | {floor} |"
         )
     summary: dict = {
@@ -227,27 +238,142 @@ def table(rows: list[dict], left_out: list[str]) -> tuple[list[str], dict]:
         )
     per_run_floor = {r["run"]: r["ours_over_floor"] for r in rows if r["ours_over_floor"] is not None}
     if per_run_floor:
-        lines.append(f"ours ÷ floor: {spread(list(per_run_floor.values()), 'runs')}")
+        lines += ["", f"ours ÷ floor: {spread(list(per_run_floor.values()), 'runs')}"]
     target_lines, summary["targets"] = verdicts(rows, best)
-    lines += target_lines
+    lines += [*target_lines, ""]
     if len(summary["measured_code"]) > 1:
         lines.append(
-            f"WARNING: the pairs measured {len(summary['measured_code'])} versions of the trainer's code "
+            f"- WARNING: the pairs measured {len(summary['measured_code'])} versions of the trainer's code "
             f"(git objects of {' and '.join(MEASURED_CODE)}, or before 2e9977d of "
             f"{' and '.join(MEASURED_CODE_BEFORE_2E9977D)}): {', '.join(summary['measured_code'])}"
         )
     elif len(summary["commits"]) > 1:
         lines.append(
-            f"The pairs ran on {len(summary['commits'])} commits ({', '.join(summary['commits'])}) with the same "
+            f"- The pairs ran on {len(summary['commits'])} commits ({', '.join(summary['commits'])}) with the same "
             f"trainer code (git objects {summary['measured_code'][0]})."
         )
-    lines += [f"LEFT OUT: {line}" for line in left_out]
+    lines += [f"- LEFT OUT: {line}" for line in left_out]
     return lines, summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("runs", nargs="+", type=Path, help="bench.json of pair runs")
+def machine_of(name: str, run: dict, machines: dict[str, str] | None = None) -> str:
+    """The machine a run ran on, as the rows name it: `--machine`'s label, else the first 8 characters of the
+    boot id (every lent GPU machine has the host name `vm`), else the host name."""
+    host = run.get("host", {})
+    label = (machines or {}).get(name)
+    return label or (str(host["boot_id"])[:8] if host.get("boot_id") else str(host.get("hostname", "?")))
+
+
+def rate_range(values: list[float], digits: int = 0) -> str:
+    """`a` or `a–b` for measurements of one quantity, '—' for none."""
+    if not values:
+        return "—"
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def machine_table(
+    runs: list[tuple[str, dict]], probes: list[dict], machines: dict[str, str] | None = None
+) -> list[str]:
+    """One row per machine of `runs`: what was measured about it. The host CPU and GPU each run recorded, the
+    HBM bandwidth and bf16 matmul rate the bench measured for its floor in every run, and, where
+    `bench.machine_probe` ran on it (matched by boot id), the probe's host memory, pinned copy, kernel launch
+    and matmul rates, one figure per probe in the order given."""
+    lines = [
+        "| machine | host CPU | GPU | runs | HBM TB/s | bf16 TFLOP/s | probe: host memory GiB/s, first touch / "
+        "rewritten | probe: pinned copy to GPU GiB/s | probe: kernel launch µs | probe: bf16 TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_machine: dict[str, list[dict]] = {}
+    for name, run in runs:
+        by_machine.setdefault(machine_of(name, run, machines), []).append(run)
+    for machine, mine in by_machine.items():
+        host = mine[0].get("host", {})
+        cpu = f"{host.get('cpu_model', '?')}, {host.get('cpu_count', '?')} cores"
+        measured = [run.get("machine", {}) for run in mine]
+        hbm = [m["hbm_bytes_per_s"] / 1e12 for m in measured if m.get("hbm_bytes_per_s")]
+        flops = [m["bf16_flop_per_s"] / 1e12 for m in measured if m.get("bf16_flop_per_s")]
+        boot_id = host.get("boot_id")
+        found = [p for p in probes if boot_id and p.get("host", {}).get("boot_id") == boot_id]
+        memory = ", ".join(
+            f"{p['memory']['first_pass_gib_s']['median']:.1f} / {p['memory']['second_pass_gib_s']['median']:.1f}"
+            for p in found
+        )
+        copy = ", ".join(f"{p['before']['h2d_gib_s']:.1f}" for p in found)
+        launch = ", ".join(f"{p['before']['launch_us']:.1f}" for p in found)
+        matmul = ", ".join(f"{p['before']['matmul_tflops']:.0f}" for p in found)
+        lines.append(
+            f"| {machine} | {cpu} | {host.get('gpu', '?')} | {len(mine)} | {rate_range(hbm, 2)} "
+            f"| {rate_range(flops)} | {memory or '—'} | {copy or '—'} | {launch or '—'} | {matmul or '—'} |"
+        )
+    return lines
+
+
+# How the headline names each TRL configuration (the part of a TRL contender's name after `@`).
+CONFIGURATION_WORDS = {
+    "plain": "under TRL's documented ZeRO-3 file",
+    "product": "under the operator's one-GPU DeepSpeed file",
+    "none": "without DeepSpeed (bf16 weights and optimizer state, a reference rather than a target)",
+}
+
+
+def headline(runs: list[tuple[str, dict]], rows: list[dict], summary: dict) -> str:
+    """The results in one paragraph, the figures of `table`'s statistics: per TRL configuration ours' median
+    ratio with its pairs, machines and range, TRL's best among them, and ours against the floor."""
+    if not rows:
+        return "No pair was measured."
+    run = dict(runs)[rows[0]["run"]]
+    params = next((r["params"] for r in run.get("results", []) if r.get("params")), 0)
+    size = f"{params / 1e9:.2f}B parameters" if params else f"the {run.get('size', '?')} size"
+    gpu = str(rows[0]["gpu"]).split(",")[0]
+    configurations = summary["configurations"]
+    order = sorted(configurations, key=lambda f: (f == "none", f not in DENOMINATOR_FILES, f))
+    parts = []
+    for file in order:
+        c = configurations[file]
+        best = ", TRL's best measured configuration" if file == summary.get("trl_best") else ""
+        machines = len(c["machines"])
+        parts.append(
+            f"**{c['ratio_median']:.3f}×** as long as TRL's {CONFIGURATION_WORDS.get(file, f'`trl-sleep@{file}`')}"
+            f"{best} ("
+            + (
+                f"median of {c['pairs']} pairs on {machines} machine{'s' if machines != 1 else ''}, "
+                f"range {c['ratio_min']:.3f}–{c['ratio_max']:.3f})"
+                if c["pairs"] > 1
+                else "1 pair)"
+            )
+        )
+    listed = " and ".join(parts) if len(parts) < 3 else "; ".join(parts[:-1]) + "; and " + parts[-1]
+    text = (
+        f"At {size} on one {gpu}, a GRPO step of {rows[0]['ours']} took {listed}. TRL ran its own `GRPOTrainer` "
+        "in colocate mode with vLLM's sleep mode on, in the same run as ours, each run on one machine."
+    )
+    floors = {r["run"]: r["ours_over_floor"] for r in rows if r["ours_over_floor"] is not None}
+    if floors:
+        values = list(floors.values())
+        spread_of = f" (median {statistics.median(values):.2f}, {len(values)} runs)" if len(values) > 1 else ""
+        text += f" Ours took {rate_range(values, 2)}× the hardware floor measured in the same run{spread_of}."
+    return text
+
+
+# The pages whose results this tool writes, between marker comments: an opening
+# `<!-- bench.pair_table NAME KIND: ARGS -->` and a closing `<!-- /bench.pair_table NAME -->`. KIND is `table`
+# (everything `main` prints, with the headline above it and a table of the machines) or `headline` (its
+# paragraph only); ARGS are this command's arguments, relative to the repository root, that produced it.
+PAGES = ("README.md", "docs/benchmarks/README.md", "docs/benchmarks/gpu.md")
+BLOCK = re.compile(
+    r"^<!-- bench\.pair_table (?P<name>[\w-]+) (?P<kind>table|headline): (?P<args>[^\n]*?) -->\n"
+    r"(?P<body>.*?)"
+    r"^<!-- /bench\.pair_table (?P=name) -->$",
+    re.S | re.M,
+)
+# The blocks that `--write RUN.json ...` gives new runs; the other blocks keep theirs.
+CURRENT = "current"
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="bench.json of pair runs")
     parser.add_argument(
         "--machine",
         action="append",
@@ -255,13 +381,122 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RUN=LABEL",
         help="the machine of a run recorded without a boot id (RUN is the file's name)",
     )
+    parser.add_argument(
+        "--probe", action="append", default=[], type=Path, help="a machine_probe.json, matched to runs by boot id"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and statistics here")
-    args = parser.parse_args(argv)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--write",
+        action="store_true",
+        help=f"rewrite the results on the pages ({', '.join(PAGES)}); given runs, those of the '{CURRENT}' blocks",
+    )
+    mode.add_argument("--check", action="store_true", help="exit 1 where a page's results differ from the raw files")
+    return parser
+
+
+def load(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], list[dict], dict[str, str]]:
     machines = dict(m.split("=", 1) for m in args.machine)
     runs = [(path.name, json.loads(path.read_text())) for path in args.runs]
+    probes = [json.loads(path.read_text()) for path in args.probe]
+    return runs, probes, machines
+
+
+def block_args(stored: str, repo: Path = REPO) -> argparse.Namespace:
+    """A marker's ARGS as parsed arguments, paths resolved against `repo` (globs expanded, sorted)."""
+    words = []
+    for word in shlex.split(stored):
+        if word.startswith("-") or "=" in word:
+            words.append(word)
+        else:
+            matches = sorted(glob.glob(str(repo / word)))
+            words += matches or [str(repo / word)]
+    return parser().parse_args(words)
+
+
+def render_block(kind: str, stored: str, page: Path, repo: Path = REPO) -> str:
+    """The Markdown between a block's markers, from the runs its ARGS name; links relative to `page`."""
+    args = block_args(stored, repo)
+    runs, probes, machines = load(args)
+    rows, left_out = pair_rows(runs, machines)
+    paths = {path.name: path for path in args.runs}
+
+    def link(name: str) -> str:
+        return f"[{name}]({Path(os.path.relpath(paths[name], page.parent)).as_posix()})"
+
+    lines, summary = table(rows, left_out, run_cell=link)
+    text = headline(runs, rows, summary)
+    if kind == "table":
+        text += "\n\n" + "\n".join([*lines, "", *machine_table(runs, probes, machines)])
+    return text.strip() + "\n"
+
+
+def rewrite(text: str, page: Path, new_args: str | None = None, repo: Path = REPO) -> str:
+    """`text` with every block's body rendered again; with `new_args`, the `CURRENT` blocks take those."""
+
+    def block(match: re.Match[str]) -> str:
+        name, kind = match["name"], match["kind"]
+        stored = new_args if new_args is not None and name == CURRENT else match["args"]
+        body = render_block(kind, stored, page, repo)
+        return f"<!-- bench.pair_table {name} {kind}: {stored} -->\n{body}<!-- /bench.pair_table {name} -->"
+
+    return BLOCK.sub(block, text)
+
+
+def stored_args(args: argparse.Namespace, repo: Path = REPO) -> str:
+    """The command line's runs, labels and probes as a marker's ARGS, relative to `repo`.
+
+    Raises:
+        ValueError: a run or probe lies outside `repo`.
+    """
+
+    def relative(path: Path) -> str:
+        return path.resolve().relative_to(repo.resolve()).as_posix()
+
+    words = [relative(path) for path in args.runs]
+    words += [f"--machine={label}" for label in args.machine]
+    words += [f"--probe={relative(path)}" for path in args.probe]
+    return shlex.join(words)
+
+
+def write_pages(new_args: str | None = None, repo: Path = REPO) -> None:
+    """Every block on `PAGES` rendered again from the raw files; with `new_args`, the `CURRENT` blocks' runs."""
+    for name in PAGES:
+        page = repo / name
+        page.write_text(rewrite(page.read_text(), page, new_args, repo))
+
+
+def stale_pages(repo: Path = REPO) -> dict[str, str]:
+    """The pages whose written results differ from what the raw files give now: page → unified diff."""
+    stale = {}
+    for name in PAGES:
+        page = repo / name
+        text = page.read_text()
+        fresh = rewrite(text, page, repo=repo)
+        if fresh != text:
+            diff = difflib.unified_diff(text.splitlines(), fresh.splitlines(), name, f"{name} (raw files)", lineterm="")
+            stale[name] = "\n".join(diff)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.check:
+        stale = stale_pages()
+        for diff in stale.values():
+            print(diff)
+        if stale:
+            print(f"stale: {', '.join(stale)}; rewrite with python -m bench.pair_table --write", file=sys.stderr)
+        return 1 if stale else 0
+    if args.write:
+        write_pages(stored_args(args) if args.runs else None)
+        return 0
+    if not args.runs:
+        parser().error("give the runs' bench.json, or --write / --check")
+    runs, probes, machines = load(args)
     rows, left_out = pair_rows(runs, machines)
     lines, summary = table(rows, left_out)
-    print("\n".join(lines))
+    print("\n".join([headline(runs, rows, summary), "", *lines, "", *machine_table(runs, probes, machines)]))
     if args.json:
         args.json.write_text(json.dumps({"pairs": rows, **summary}, indent=2))
     return 0 if rows and not left_out else 1
