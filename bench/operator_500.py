@@ -11,7 +11,9 @@ Measures, against the local control plane (or any cluster via --kubeconfig):
 
 Usage: python -m bench.operator_500 [--count 500] [--fresh-cluster] [--kubeconfig FILE] [--suspended] [--keep]
        [--operator-src DIR]
-Results go to stdout as JSON; docs/benchmarks/operator.md records a run.
+       python -m bench.operator_500 --table RUN.json [RUN.json ...]
+Results go to stdout as JSON; `--table` prints the runs' results as the Markdown table of
+docs/benchmarks/operator.md.
 """
 
 from __future__ import annotations
@@ -245,8 +247,46 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
-def main() -> int:
+TABLE_HEADER = (
+    "| run | all Jobs | p50 | p99 | statuses past Pending | RSS idle / end / peak / settled | operator CPU "
+    "| apiserver CPU | operator req/job | apiserver req/job (all / cgj) | cgj PATCH / status PATCH per job "
+    "| create reconciles per job | load average at end |"
+)
+
+
+def table_row(name: str, run: dict[str, Any]) -> str:
+    """One run's results as a row under `TABLE_HEADER` (its name in the first cell)."""
+    kinds = run.get("apiserver_requests_per_job_by_kind") or {}
+    patches = f"{kinds.get('PATCH colocgrpojobs 200', 0):.2f} / {kinds.get('PATCH colocgrpojobs/status 200', 0):.2f}"
+    rss = " / ".join(
+        f"{run[key]:.1f}"
+        for key in ("operator_rss_idle_mib", "operator_rss_mib", "operator_rss_peak_mib", "operator_rss_settled_mib")
+    )
+    apiserver_cpu = (run.get("control_plane_cpu_seconds") or {}).get("kube-apiserver")
+    load = run.get("load_average_at_end") or []
+    return (
+        f"| {name} | {run['all_jobs_seconds']:.1f} s | {run['job_latency_p50_seconds']:.2f} s "
+        f"| {run['job_latency_p99_seconds']:.2f} s | {run['all_status_seconds']:.1f} s | {rss} MiB "
+        f"| {run['operator_cpu_seconds']:.1f} s | {'—' if apiserver_cpu is None else f'{apiserver_cpu:.1f} s'} "
+        f"| {run['operator_handler_requests_per_job']:.2f} "
+        f"| {run['apiserver_requests_per_job_all_clients']:.1f} "
+        f"/ {run['apiserver_colocgrpojobs_requests_per_job']:.1f} "
+        f"| {patches} | {(run.get('reconciles_per_job_by_trigger') or {}).get('create', 0):.2f} "
+        f"| {', '.join(f'{x:.1f}' for x in load) or '—'} |"
+    )
+
+
+def results_table(paths: list[Path]) -> str:
+    """The Markdown table of the runs' result files, in the order given."""
+    rows = [table_row(path.name, json.loads(path.read_text())) for path in paths]
+    return "\n".join([TABLE_HEADER, "|" + "---|" * TABLE_HEADER.count(" | ") + "---|", *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--table", nargs="+", type=Path, default=None, metavar="RUN.json", help="print these runs' results as a table"
+    )
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--kubeconfig", default=None, help="default: start/reuse the local dev cluster")
     parser.add_argument("--suspended", action="store_true", help="create the jobs suspended (no pods)")
@@ -269,7 +309,10 @@ def main() -> int:
         help="stop and remove the bench's own cluster first, so the run starts on an empty one (no earlier "
         "run's objects, Events or teardown)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.table:
+        print(results_table(args.table))
+        return 0
 
     from colocgrpo_operator.controller.kube import KubeApi
     from colocgrpo_operator.devcluster import DevCluster

@@ -27,3 +27,11 @@ def test_operator_counters_sum_with_and_without_labels():
     assert operator_500.operator_metric(text, "requests_total") == 6.0
     assert operator_500.operator_metric(text, "plain") == 4.0
     assert operator_500.operator_metric_by_label(text, "requests_total", "verb") == {"patch": 4.0, "post": 2.0}
+
+
+def test_the_results_table_has_a_cell_per_column():
+    raw = operator_500.REPO / "docs/benchmarks/raw"
+    table = operator_500.results_table([raw / "operator-500-pods-5eaa395-fresh-g.json"]).splitlines()
+    assert len(table) == 3 and all(line.count("|") == table[0].count("|") for line in table)
+    assert table[2].startswith("| operator-500-pods-5eaa395-fresh-g.json | 15.3 s | 8.22 s | 10.02 s | 19.4 s |")
+    assert "| 1.33 / 1.41 | 1.00 |" in table[2]  # colocgrpojobs PATCHes and status PATCHes per job, creates
