@@ -14,7 +14,12 @@ configuration is the one of the two DeepSpeed ones (`@plain`, `@product`) with t
 s/step over its pairs; `@none` (no DeepSpeed) is shown beside it as a reference. Last, the verdict
 on each target (`TARGETS`), overall and on every machine. A run that is incomplete (a
 contender skipped, failed or timed out) is listed, and the pairs it did measure still count; the
-table then exits 1.
+table then exits 1. Above the table a paragraph says the same figures in words, and below it a
+table of the machines: what each run recorded and measured about its machine, and the figures of
+`bench.machine_probe` where `--probe` gives one.
+
+The pages that show these results (`PAGES`) carry them between marker comments that name the runs
+they were written from; `--write` renders them again, `--check` compares, and a test runs the check.
 
 A machine is told apart by the boot id the bench records (`host.boot_id`; every lent GPU machine
 has the host name `vm`); runs recorded before that field existed take a label from `--machine`.
