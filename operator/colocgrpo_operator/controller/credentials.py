@@ -110,7 +110,9 @@ class ExecPlugin:
             raise CredentialsError(
                 f"{where} answered in {answer.get('apiVersion')!r}, but the kubeconfig asks for {self.api_version!r}"
             )
-        status = answer.get("status") if isinstance(answer.get("status"), dict) else {}
+        status = answer.get("status")
+        if not isinstance(status, dict):
+            status = {}
         token = status.get("token")
         if not token or not isinstance(token, str):
             if status.get("clientCertificateData"):

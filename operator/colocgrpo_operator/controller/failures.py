@@ -175,14 +175,12 @@ def classify_failure(job: dict[str, Any], pods: list[dict[str, Any]]) -> Failure
             "DeadlineExceeded", truncate(job_failed.get("message") or "the job ran past activeDeadlineSeconds")
         )
     evidence = [p for p in failed_pods if not dig(p, "metadata", "deletionTimestamp")]
-    if not evidence and not job_failed:
-        return None
-    candidates = failed_pods if job_failed else evidence
-    if candidates:
-        first = min(
-            candidates, key=lambda p: (_failure_time(p), _disruption(p) is None, str(dig(p, "metadata", "name")))
+    if job_failed and not failed_pods:
+        return Failure(
+            str(job_failed.get("reason") or "Error"), truncate(job_failed.get("message") or "the batch Job failed")
         )
-        return _pod_failure(first)
-    return Failure(
-        str(job_failed.get("reason") or "Error"), truncate(job_failed.get("message") or "the batch Job failed")
-    )
+    candidates = failed_pods if job_failed else evidence
+    if not candidates:
+        return None
+    first = min(candidates, key=lambda p: (_failure_time(p), _disruption(p) is None, str(dig(p, "metadata", "name"))))
+    return _pod_failure(first)

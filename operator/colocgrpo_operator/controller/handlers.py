@@ -46,6 +46,12 @@ CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
 # ----------------------------------------------------------------------------- indices
 
 
+def job_key(namespace: str | None, name: str) -> Key:
+    """(namespace, name) of one of the namespaced objects watched here (kopf types a namespace as
+    optional for the sake of cluster-scoped kinds)."""
+    return (namespace or "", name)
+
+
 # Indexers are async (though they never await) because kopf runs sync callbacks in its thread
 # pool: a thread hop per watch event would dominate the operator's CPU with hundreds of jobs.
 # Their function names are the indices' names, which the startup handler receives them under.
@@ -53,37 +59,37 @@ CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
 
 
 @kopf.index(*RESOURCE)
-async def jobs_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, str]:
+async def jobs_by_name(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, str]:
     """Every ColocGRPOJob, packed (controller/snapshots.py), by (namespace, name)."""
     drop_managed_fields(body)
-    return {(namespace, name): pack(job_resource_snapshot(body))}
+    return {job_key(namespace, name): pack(job_resource_snapshot(body))}
 
 
 @kopf.index("batch", "v1", "jobs", labels=CHILD_LABELS)
 async def batch_jobs_by_owner(
-    namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any
+    namespace: str | None, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, str] | None:
     """The gang's batch Job, packed, by its job's key (only the Job named after its job)."""
     drop_managed_fields(body)
     if labels.get(JOB_NAME_LABEL) != name:
         return None
-    return {(namespace, name): pack(batch_job_snapshot(body))}
+    return {job_key(namespace, name): pack(batch_job_snapshot(body))}
 
 
 @kopf.index("v1", "pods", labels=CHILD_LABELS)
-async def pods_by_owner(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, str]:
+async def pods_by_owner(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, str]:
     """Every pod labelled with a job's name, packed, by that job's key."""
     drop_managed_fields(body)
-    return {(namespace, labels[JOB_NAME_LABEL]): pack(pod_snapshot(body))}
+    return {job_key(namespace, labels[JOB_NAME_LABEL]): pack(pod_snapshot(body))}
 
 
 @kopf.index(*KUEUE_WORKLOADS)
-async def workloads_by_job(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, str] | None:
+async def workloads_by_job(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, str] | None:
     """Kueue's Workloads of batch Jobs, packed, by (namespace, the Job's name): our Jobs are
     named after their job, and Kueue matches Workloads to Jobs by that name too."""
     drop_managed_fields(body)
     owner = workload_owner_job(body)
-    return {(namespace, owner): pack(workload_snapshot(body))} if owner else None
+    return {job_key(namespace, owner): pack(workload_snapshot(body))} if owner else None
 
 
 # ----------------------------------------------------------------------------- the job itself
@@ -93,7 +99,7 @@ async def workloads_by_job(namespace: str, body: kopf.Body, **_: Any) -> dict[Ke
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE)
 async def reconcile_job(
-    namespace: str,
+    namespace: str | None,
     name: str,
     body: kopf.Body,
     memo: kopf.Memo,
@@ -105,7 +111,7 @@ async def reconcile_job(
 ) -> None:
     """Validate, apply every child (idempotently) and derive status. Safe to run any number
     of times: on create, on every spec change, and for every job when the operator starts."""
-    key = (namespace, name)
+    key = job_key(namespace, name)
     trigger = getattr(reason, "value", str(reason))
     ensure_children = True
     if trigger == "update" and old is not None and new is not None:
@@ -151,14 +157,14 @@ async def reconcile_job(
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
 @kopf.on.event("v1", "pods", labels=CHILD_LABELS)
 async def child_changed(
-    namespace: str,
+    namespace: str | None,
     labels: kopf.Labels,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """A Job or pod of some job changed (or vanished): re-derive that job's status, in a task
     of its own (Reconciler.reconcile_soon says why), so this handler returns at once."""
-    key = (namespace, labels.get(JOB_NAME_LABEL, ""))
+    key = job_key(namespace, labels.get(JOB_NAME_LABEL, ""))
     runtime = runtime_of(memo)
     if not has_view(runtime.indices.jobs, key):
         return  # an orphan, or a job being deleted: garbage collection handles it
@@ -166,10 +172,10 @@ async def child_changed(
 
 
 @kopf.on.event(*KUEUE_WORKLOADS)
-async def workload_changed(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def workload_changed(namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Kueue changed (or deleted) a Workload: if it belongs to one of our Jobs, re-derive that
     job's status, in a task of its own like child_changed."""
-    key = (namespace, workload_owner_job(body) or "")
+    key = job_key(namespace, workload_owner_job(body) or "")
     runtime = runtime_of(memo)
     if not has_view(runtime.indices.jobs, key):
         return  # not one of ours
@@ -177,7 +183,9 @@ async def workload_changed(namespace: str, body: kopf.Body, memo: kopf.Memo, **_
 
 
 @kopf.on.event(*RESOURCE)
-async def job_event(type: str | None, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def job_event(
+    type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
     """Start the housekeeping loop with the first job seen (`OperatorRuntime.start_housekeeping`
     says why not at startup); forget deleted jobs (caches, phase gauge, per-job metrics); keep the
     per-job metrics at what every other event's status says (the trainer's progress reports reach
@@ -187,7 +195,7 @@ async def job_event(type: str | None, namespace: str, name: str, body: kopf.Body
     Everything else is handled above."""
     runtime = runtime_of(memo)
     runtime.start_housekeeping()
-    key = (namespace, name)
+    key = job_key(namespace, name)
     if type == "DELETED":
         runtime.reconciler.forget(key)
         JOB_METRICS.forget(key)

@@ -64,7 +64,7 @@ class PhaseBook:
 
     def __init__(self) -> None:
         self._phases: dict[Any, str] = {}
-        self._counts: _Tally = _Tally()
+        self._counts: _Tally[str] = _Tally()
         self._lock = threading.Lock()
 
     def set(self, key: Any, phase: str | None) -> None:
@@ -107,13 +107,17 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def sample_of(status: Mapping[str, Any] | None) -> JobSample:
     """The numbers of one job's status (the operator's part and the trainer's progress); anything
     malformed (the trainer writes progress) is left out rather than trusted."""
-    status = status if isinstance(status, Mapping) else {}
-    progress = status.get("progress") if isinstance(status.get("progress"), Mapping) else {}
-    metrics = progress.get("metrics") if isinstance(progress.get("metrics"), Mapping) else {}
-    workers = status.get("workers") if isinstance(status.get("workers"), Mapping) else {}
+    status = _mapping(status)
+    progress = _mapping(status.get("progress"))
+    metrics = _mapping(progress.get("metrics"))
+    workers = _mapping(status.get("workers"))
     return JobSample(
         step=_number(progress.get("step")),
         max_steps=_number(progress.get("maxSteps")),

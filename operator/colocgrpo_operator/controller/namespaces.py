@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+import kopf
 from kopf._cogs.structs.references import Insights
 from kopf._core.reactor.observation import revise_namespaces
 
@@ -90,7 +91,9 @@ class NamespaceRescan:
         anything); returns the namespaces it added."""
         async with self.insights.revised:
             before = set(self.insights.namespaces)
-            revise_namespaces(raw_bodies=namespaces, insights=self.insights, namespaces=self.patterns)
+            # Namespace objects as the API lists them: exactly the raw bodies kopf's own listing hands over.
+            raw_bodies = cast(list[kopf.RawBody], namespaces)
+            revise_namespaces(raw_bodies=raw_bodies, insights=self.insights, namespaces=self.patterns)
             after = set(self.insights.namespaces)
             if after != before:
                 self.insights.revised.notify_all()

@@ -254,7 +254,7 @@ class Reconciler:
         self.phases = PhaseBook()
         self._locks: dict[Key, asyncio.Lock] = {}
         self._queued: set[Key] = set()
-        self._background: set[asyncio.Task] = set()  # reconcile_soon's tasks
+        self._background: set[asyncio.Task[None]] = set()  # reconcile_soon's tasks
         self._wakeup = asyncio.Event()
         self._specs: dict[tuple[str, Any], ParsedSpec] = {}
         # The operator's own last writes per job (_Known says how they are used): deciding from
@@ -484,7 +484,7 @@ class Reconciler:
         current = self._current(key, cr)
 
         parsed = self.parsed(cr)
-        if not parsed.valid:
+        if parsed.facts is None:
             desired = derive.invalid_spec_status(
                 current.record_or_empty(), current.status, parsed.problems, now, meta.get("generation")
             )
@@ -497,6 +497,7 @@ class Reconciler:
             pods,
             workloads,
             parsed,
+            parsed.facts,
             current,
             progress,
             now,
@@ -535,6 +536,7 @@ class Reconciler:
         pods: list[dict[str, Any]],
         workloads: list[dict[str, Any]],
         parsed: ParsedSpec,
+        facts: derive.RunFacts,
         current: _Current,
         progress: Any,
         now: datetime,
@@ -572,7 +574,7 @@ class Reconciler:
             batch_job: dict[str, Any] | None, refusal: str | None = None
         ) -> tuple[derive.Assessment, dict[str, Any]]:
             assessment = derive.assess(
-                parsed.facts, batch_job, pods, record_now(), previous, now, progress, workloads, refusal
+                facts, batch_job, pods, record_now(), previous, now, progress, workloads, refusal
             )
             desired = assessment.status
             if parsed.plan_warning is not None:
@@ -615,7 +617,7 @@ class Reconciler:
                 await write_first_record()
                 if action is derive.Action.CREATE_JOB:
                     job_object = next(c for c in rendered if c.get("kind") == "Job")
-                    created = await self._blocking(self._create_job, job_object, parsed, assessment.record, now)
+                    created = await self._blocking(self._create_job, job_object, facts, assessment.record, now)
                     if created is not None:
                         self.logger.info("created the gang's batch Job %s/%s", *key)
                         # Judge from the Job just created, not from "no Job yet": saves writing a
@@ -759,7 +761,7 @@ class Reconciler:
         children = render_children(parsed.job_model(cr), default_image=self.default_image)
         owner = _event_target(cr)
         for child in children:
-            child.setdefault("metadata", {}).setdefault("namespace", owner["metadata"]["namespace"])
+            child.setdefault("metadata", {}).setdefault("namespace", owner.metadata.namespace)
             kopf.adopt(child, owner=owner)
         return children
 
@@ -799,11 +801,11 @@ class Reconciler:
             raise
 
     def _create_job(
-        self, job: dict[str, Any], parsed: ParsedSpec, record: Record, now: datetime
+        self, job: dict[str, Any], facts: derive.RunFacts, record: Record, now: datetime
     ) -> dict[str, Any] | None:
         """Create the rendered batch Job (its deadline shortened to what the job has left)."""
         # A recreated gang gets what is left of the job's deadline, not a fresh one.
-        remaining = derive.remaining_deadline(parsed.facts, record, now)
+        remaining = derive.remaining_deadline(facts, record, now)
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create_returning(job)
@@ -819,15 +821,18 @@ def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
     return not owners or any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
 
 
-def _event_target(cr: dict[str, Any]) -> dict[str, Any]:
+def _event_target(cr: dict[str, Any]) -> kopf.Body:
+    """The job as kopf's Events and owner references need it: its identity, nothing else."""
     meta = cr.get("metadata") or {}
-    return {
-        "apiVersion": cr.get("apiVersion") or "colocgrpo.io/v1alpha1",
-        "kind": cr.get("kind") or "ColocGRPOJob",
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "labels": dict(meta.get("labels") or {}),
-        },
-    }
+    return kopf.Body(
+        kopf.RawBody(
+            apiVersion=cr.get("apiVersion") or "colocgrpo.io/v1alpha1",
+            kind=cr.get("kind") or "ColocGRPOJob",
+            metadata={
+                "name": str(meta.get("name") or ""),
+                "namespace": str(meta.get("namespace") or ""),
+                "uid": str(meta.get("uid") or ""),
+                "labels": dict(meta.get("labels") or {}),
+            },
+        )
+    )

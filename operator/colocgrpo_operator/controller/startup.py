@@ -30,7 +30,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -81,7 +81,8 @@ class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         meta = body.get("metadata") or {}
         light = {key: value for key, value in body.items() if key not in ("metadata", "status")}
         light["metadata"] = {key: meta[key] for key in _ESSENCE_METADATA if key in meta}
-        return super().build(body=kopf.Body(light))
+        # The object's own fields, less what kopf's essence drops anyway: still a raw body.
+        return super().build(body=kopf.Body(cast(kopf.RawBody, light)))
 
     def annotations(self, *, body: kopf.Body, essence: Any) -> dict[str, Any]:
         """The annotations kopf's `store` would patch in for `essence`: the diff-base and the
@@ -182,21 +183,12 @@ def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig)
 
 
 @kopf.on.startup()
-async def start(
-    settings: kopf.OperatorSettings,
-    memo: kopf.Memo,
-    logger: logging.Logger,
-    jobs_by_name: kopf.Index[Key, str],
-    batch_jobs_by_owner: kopf.Index[Key, str],
-    pods_by_owner: kopf.Index[Key, str],
-    workloads_by_job: kopf.Index[Key, str],
-    **_: Any,
-) -> None:
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any) -> None:
     """Apply the kopf settings and build the `OperatorRuntime` into `memo.runtime`.
 
-    The four indices are handlers.py's, passed by kopf under their function names; empty now,
-    they fill as the watches start. A missing or unusable kubeconfig stops the operator here
-    (retrying cannot fix it).
+    The four indices are handlers.py's, passed by kopf among `kwargs` under their function names;
+    empty now, they fill as the watches start. A missing or unusable kubeconfig stops the operator
+    here (retrying cannot fix it).
     """
     config = config_of(memo)
     apply_kopf_settings(settings, config)
@@ -204,12 +196,25 @@ async def start(
     memo.runtime = OperatorRuntime.open(
         config,
         credentials=await asyncio.to_thread(_credentials, memo, config),
-        indices=JobIndices(jobs_by_name, batch_jobs_by_owner, pods_by_owner, workloads_by_job),
+        indices=JobIndices(
+            _index(kwargs, "jobs_by_name"),
+            _index(kwargs, "batch_jobs_by_owner"),
+            _index(kwargs, "pods_by_owner"),
+            _index(kwargs, "workloads_by_job"),
+        ),
         executor=settings.execution.executor,
         logger=logging.getLogger("colocgrpo.operator"),
     )
     memo.runtime.start_namespace_rescan(insights_of(memo), logging.getLogger("colocgrpo.operator"))
     logger.info("colocgrpo operator configured (metrics port %s)", config.metrics_port or "off")
+
+
+def _index(kwargs: Mapping[str, Any], name: str) -> kopf.Index[Key, str]:
+    """The index kopf passed a handler under `name` (an indexing handler's function name)."""
+    index = kwargs.get(name)
+    if not isinstance(index, kopf.Index):
+        raise kopf.PermanentError(f"kopf passed no index {name!r} (controller/handlers.py declares it)")
+    return index
 
 
 def _credentials(memo: kopf.Memo, config: OperatorConfig) -> Credentials:
@@ -244,7 +249,7 @@ async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> k
 
 
 @kopf.on.cleanup()
-async def stop(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def stop(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Close what startup opened (`OperatorRuntime.close`); nothing when startup failed early."""
     runtime = memo.get("runtime")
     if isinstance(runtime, OperatorRuntime):
