@@ -20,7 +20,8 @@ from rich.console import Console
 from colocgrpo_operator.cli.logs import pick_pod
 from colocgrpo_operator.cli.watch import render_view
 from colocgrpo_operator.controller.kube import KubeApiError
-from colocgrpo_operator.controller.reconciler import ParsedSpec, PredecessorPending, Reconciler, _status_patch
+from colocgrpo_operator.controller.reconciler import Reconciler, _status_patch
+from colocgrpo_operator.controller.scheduling import PredecessorPending
 from colocgrpo_operator.controller.snapshots import (
     all_views,
     batch_job_snapshot,
@@ -30,6 +31,7 @@ from colocgrpo_operator.controller.snapshots import (
     pack,
     pod_snapshot,
 )
+from colocgrpo_operator.controller.specs import ParsedSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -417,7 +419,7 @@ class _WritesKube:
 
 def test_record_extras_go_with_a_new_jobs_first_record_only():
     from colocgrpo_operator.api.naming import RECORD_ANNOTATION
-    from colocgrpo_operator.controller.reconciler import RecordExtras
+    from colocgrpo_operator.controller.record import RecordExtras
 
     kube = _WritesKube()
     key = ("ns", "tiny-cpu")
@@ -474,10 +476,10 @@ class _BlockedJobCreateKube(_WritesKube):
 def test_child_reconciles_wait_for_the_jobs_being_created(monkeypatch, cap):
     """While a job's children are being applied, another job's child-event reconcile waits (and
     the job's further events coalesce into it) until the creation is done, or at most the cap."""
-    from colocgrpo_operator.controller import reconciler as reconciler_module
+    from colocgrpo_operator.controller import scheduling
 
     if cap is not None:
-        monkeypatch.setattr(reconciler_module, "DEFER_WHILE_APPLYING_SECONDS", cap)
+        monkeypatch.setattr(scheduling, "DEFER_WHILE_APPLYING_SECONDS", cap)
     kube = _BlockedJobCreateKube()
     created = copy.deepcopy(kube.job)
     other = ("ns", "other")
@@ -511,7 +513,7 @@ def test_child_reconciles_wait_for_the_jobs_being_created(monkeypatch, cap):
                 assert not creating.done()
                 kube.release.set()
                 await creating
-            while reconciler._background:
+            while reconciler.schedule.busy:
                 await asyncio.sleep(0.01)
             assert reads == ["other"]
 
@@ -536,14 +538,14 @@ def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_dr
             assert after_record["metadata"]["annotations"]
             # The event of the record's patch arrives after the first status write: it is the
             # operator's own object, not someone emptying the status; a reconcile from it writes nothing.
-            assert not reconciler.status_drifted(key, after_record)
+            assert not reconciler.ledger.status_drifted(key, after_record)
             writes = len(kube.calls)
             await reconciler.reconcile(key, lambda: (after_record, kube.batch_job, [], []), trigger="status")
             assert kube.calls[writes:] == []
             # The same status at a version the operator did not produce is someone else's write,
             # repaired at once.
             emptied = dict(after_record, metadata=dict(after_record["metadata"], resourceVersion="999"))
-            assert reconciler.status_drifted(key, emptied)
+            assert reconciler.ledger.status_drifted(key, emptied)
             await reconciler.reconcile(key, lambda: (emptied, kube.batch_job, [], []), trigger="status")
             assert kube.calls[writes:] == ["status"]
 

@@ -22,9 +22,10 @@ import kopf
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
 from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
 from colocgrpo_operator.controller.metrics import JOB_METRICS
-from colocgrpo_operator.controller.reconciler import Key, RecordExtras
+from colocgrpo_operator.controller.record import RecordExtras
 from colocgrpo_operator.controller.runtime import runtime_of
 from colocgrpo_operator.controller.snapshots import (
+    Key,
     batch_job_snapshot,
     drop_managed_fields,
     has_view,
@@ -151,7 +152,7 @@ async def reconcile_job(
         raise
     if extras is not None and extras.written and diffbase is not None:
         diffbase.written(body=body, annotations=extras.annotations)
-    runtime.reconciler.wake_up()  # a changed TTL or a finished job: let the clock look again
+    runtime.reconciler.schedule.wake_up()  # a changed TTL or a finished job: let the clock look again
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
@@ -201,5 +202,5 @@ async def job_event(
         JOB_METRICS.forget(key)
         return
     JOB_METRICS.observe(key, body.get("status"))
-    if type == "MODIFIED" and runtime.reconciler.status_drifted(key, body):
+    if type == "MODIFIED" and runtime.reconciler.ledger.status_drifted(key, body):
         runtime.reconciler.reconcile_soon(key, runtime.indices.reader(key), trigger="status")

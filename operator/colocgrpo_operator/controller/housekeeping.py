@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from colocgrpo_operator.controller.objects import job_condition, parse_time
-from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler, owned_by
+from colocgrpo_operator.controller.objects import job_condition, owned_by, parse_time
+from colocgrpo_operator.controller.reconciler import Reconciler
 from colocgrpo_operator.controller.record import Record
-from colocgrpo_operator.controller.snapshots import first_view
+from colocgrpo_operator.controller.snapshots import Inputs, Key, first_view
 
 
 def ttl_deadline(cr: dict[str, Any] | None, record: Record | None, batch_job: dict[str, Any] | None) -> datetime | None:
@@ -87,7 +87,7 @@ class Housekeeper:
             until_recheck = self.recheck_seconds - (loop.time() - last_recheck)
             timeout = until_recheck if next_ttl is None else min(until_recheck, next_ttl)
             # At most two rounds a second however often jobs finish (TTL precision: 0.5 s).
-            await self.reconciler.wait_for_wakeup(max(timeout, 0.5))
+            await self.reconciler.schedule.wait_for_wakeup(max(timeout, 0.5))
             if loop.time() - last_recheck >= self.recheck_seconds:
                 await self._recheck_active()
                 last_recheck = loop.time()
@@ -97,7 +97,7 @@ class Housekeeper:
     async def _recheck_active(self) -> None:
         for key in list(self.jobs.keys()):
             cr = first_view(self.jobs, key)
-            record = self.reconciler.record(key, cr)
+            record = self.reconciler.ledger.record(key, cr)
             if cr is None or (record is not None and record.finished):
                 continue
             try:
@@ -113,7 +113,7 @@ class Housekeeper:
         soonest: float | None = None
         for key in list(self.jobs.keys()):
             cr = first_view(self.jobs, key)
-            record = self.reconciler.record(key, cr)
+            record = self.reconciler.ledger.record(key, cr)
             if cr is None or record is None or not record.finished:
                 continue
             _, batch_job, _, _ = self.read_inputs(key)  # only for finished jobs: their gang's Job

@@ -84,6 +84,12 @@ def pods_of_job(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> list[
     return owned
 
 
+def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    """Whether `obj` belongs to the owner `uid`: it names that owner, or none at all."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return not owners or any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
+
+
 def completion_index(pod: dict[str, Any]) -> int | None:
     value = dig(pod, "metadata", "labels", COMPLETION_INDEX_KEY)
     if value is None:

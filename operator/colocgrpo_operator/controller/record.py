@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from colocgrpo_operator.api import Phase
@@ -123,6 +124,15 @@ def record_of(cr: dict[str, Any] | None) -> Record | None:
     annotations = ((cr or {}).get("metadata") or {}).get("annotations") or {}
     text = annotations.get(RECORD_ANNOTATION) if isinstance(annotations, dict) else None
     return None if text is None else Record.decode(text)
+
+
+@dataclasses.dataclass
+class RecordExtras:
+    """Annotations a job's first record carries in the same patch (a new job's kopf diff-base,
+    handlers.reconcile_job says why); `written` once that patch succeeded."""
+
+    annotations: Mapping[str, Any]
+    written: bool = False
 
 
 def _count(value: Any) -> int:

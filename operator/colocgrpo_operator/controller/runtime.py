@@ -25,8 +25,8 @@ from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import start_metrics_server
 from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
-from colocgrpo_operator.controller.reconciler import Inputs, Key, Reconciler
-from colocgrpo_operator.controller.snapshots import all_views, first_view
+from colocgrpo_operator.controller.reconciler import Reconciler
+from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, first_view
 
 
 class JobIndices(NamedTuple):
@@ -158,7 +158,7 @@ class OperatorRuntime:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._housekeeping = self._rescanning = None
-        await self.reconciler.cancel_background()
+        await self.reconciler.schedule.cancel_background()
         self.kube.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()

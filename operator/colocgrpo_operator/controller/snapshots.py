@@ -28,6 +28,11 @@ from colocgrpo_operator.api.naming import (
     RECORD_ANNOTATION,
 )
 
+Key = tuple[str, str]  # (namespace, name): a job's key in every index
+# (the ColocGRPOJob, its batch Job, the Job's pods, the Kueue Workloads of Jobs of its name) as the
+# indices hold them now, decoded
+Inputs = tuple[dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]
+
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
 
 

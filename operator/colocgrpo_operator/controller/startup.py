@@ -38,9 +38,10 @@ from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPE
 from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
 from colocgrpo_operator.controller.namespaces import Insights
-from colocgrpo_operator.controller.reconciler import MAX_SPEC_BYTES, Key
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
+from colocgrpo_operator.controller.snapshots import Key
+from colocgrpo_operator.controller.specs import MAX_SPEC_BYTES
 
 WATCH_SERVER_TIMEOUT_SECONDS = 270
 WATCH_CLIENT_TIMEOUT_SECONDS = 300
@@ -59,7 +60,7 @@ _ESSENCE_METADATA = ("labels", "annotations", "ownerReferences")
 class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's last-handled-configuration annotation, left out for a spec too large to track: the
     API server would refuse the annotation ("metadata.annotations: Too long") on every event, and
-    such a spec is refused as invalid anyway (reconciler.MAX_SPEC_BYTES).
+    such a spec is refused as invalid anyway (specs.MAX_SPEC_BYTES).
 
     Its essence is built without deep-copying what it drops. kopf builds one for every watch event
     of every watched kind (pods and batch Jobs too) by deep-copying the whole object, managedFields

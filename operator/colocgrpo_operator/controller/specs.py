@@ -1,0 +1,122 @@
+"""A job's spec parsed once per generation: validity, the facts every reconcile needs, the plan warning.
+
+The typed job (a pydantic model, ~10 KiB a job) is only needed to render children, which happens
+on create, spec changes and gang restarts, not on the many child events and re-checks in between;
+so it is not kept once the facts are taken from it, and is parsed again when children are rendered
+(`ParsedSpec.job_model`, ~0.1 ms), rather than kept for every job the operator knows, or for every
+new job of a burst while it waits for the API threads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from colocgrpo_operator.api import JobSpecError, parse_job
+from colocgrpo_operator.controller import status as derive
+
+# The largest spec the operator accepts. kopf keeps the last handled spec in an annotation, and a
+# job's annotations together may hold 256 KiB: a larger spec could not be tracked (its changes
+# would be taken for a new job's, unguarded by the frozen-spec check).
+MAX_SPEC_BYTES = 128 * 1024
+# Parsed specs kept before the cache starts over (one per job and generation in use).
+_CACHE_LIMIT = 4096
+
+
+def spec_size(cr: dict[str, Any]) -> int:
+    """Bytes of the spec as compact JSON (what kopf's annotation would hold)."""
+    return len(json.dumps(cr.get("spec"), separators=(",", ":"), ensure_ascii=False).encode())
+
+
+class ParsedSpec:
+    """One generation of a job's spec, parsed: the run facts and the plan warning of a valid spec
+    (`facts` is None exactly when it is invalid), or the problems that refuse it."""
+
+    def __init__(self, cr: dict[str, Any]):
+        self.valid = False
+        self.problems: list[tuple[str, str]] = []
+        self.facts: derive.RunFacts | None = None
+        self.plan_warning: tuple[bool, str, str] | None = None
+        meta = cr.get("metadata") or {}
+        size = spec_size(cr)
+        if size > MAX_SPEC_BYTES:
+            self.problems = [
+                (
+                    "spec",
+                    f"is {size} bytes of JSON, more than the {MAX_SPEC_BYTES} the operator can track (it keeps a "
+                    "copy in an annotation, and all annotations share 256 KiB); shorten spec.trainerArgs or other "
+                    "long values",
+                )
+            ]
+            return
+        try:
+            job = _parse_user_spec(cr)
+        except JobSpecError as error:
+            self.problems = list(error.errors) or [("spec", str(error))]
+            return
+        except Exception as error:  # a validator bug must not take the operator down
+            self.problems = [("spec", f"could not be validated: {error}")]
+            return
+        spec = job.spec
+        self.facts = derive.RunFacts(
+            nodes=spec.resources.nodes,
+            gpus_per_node=spec.resources.gpus_per_node,
+            max_restarts=spec.run_policy.max_restarts,
+            suspend=spec.run_policy.suspend,
+            queue_name=spec.scheduling.queue_name,
+            stall_timeout_seconds=spec.run_policy.stall_timeout_seconds,
+            active_deadline_seconds=spec.run_policy.active_deadline_seconds,
+            generation=meta.get("generation"),
+        )
+        self.plan_warning = _plan_warning(cr) if spec.resources.gpus_per_node > 0 else None
+        self.valid = True
+
+    def job_model(self, cr: dict[str, Any]) -> Any:
+        """The typed job (only for a valid spec), parsed again: the caller holds it as long as it
+        needs it."""
+        return _parse_user_spec(cr)
+
+
+class SpecCache:
+    """Every job's `ParsedSpec`, by (uid, generation): a spec is parsed once, however many
+    reconciles read it."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[str, Any], ParsedSpec] = {}
+
+    def parsed(self, cr: dict[str, Any]) -> ParsedSpec:
+        """The job's spec parsed once per (uid, generation), cached."""
+        meta = cr.get("metadata") or {}
+        cache_key = (meta.get("uid") or "", meta.get("generation"))
+        parsed = self._specs.get(cache_key)
+        if parsed is None:
+            if len(self._specs) > _CACHE_LIMIT:
+                self._specs.clear()
+            parsed = self._specs[cache_key] = ParsedSpec(cr)
+        return parsed
+
+
+def _parse_user_spec(cr: dict[str, Any]) -> Any:
+    # Status is the operator's own output; only what the user wrote is validated.
+    return parse_job({k: v for k, v in cr.items() if k != "status"})
+
+
+def _plan_warning(cr: dict[str, Any]) -> tuple[bool, str, str] | None:
+    """(warn, reason, message) from the memory planner, or None if it is unavailable.
+
+    The planner lives in colocgrpo_training (light, torch-free); it is optional for the
+    operator, and a planner error never blocks a job (it only loses its warning).
+    """
+    try:
+        from colocgrpo_training.planner import plan_job
+    except ImportError:
+        return None
+    try:
+        plan = plan_job(cr)
+    except Exception as error:  # PlanInputError or a planner bug: say so, do not fail
+        return True, "PlanUnavailable", f"the memory plan could not be computed: {error}"
+    if not plan.fits:
+        return True, "DoesNotFit", plan.condition_message()
+    if plan.warnings:
+        return True, "MemoryWarning", plan.condition_message()
+    return False, "Fits", plan.condition_message() or "the memory plan fits"
