@@ -1,4 +1,4 @@
-# The operator image: `colocgrpo operator` (kopf) and the `colocgrpo` CLI. No torch, vLLM or TRL:
+# The operator image: `colocgrpo-operator` (kopf) and the `colocgrpo` CLI. No torch, vLLM or TRL:
 # only the `[operator]` extra of the colocgrpo distribution is installed.
 #
 #   docker build -t colocgrpo/operator:0.1.0 .
@@ -52,4 +52,4 @@ WORKDIR /tmp
 # 8080: liveness (/healthz); 9090: Prometheus metrics (/metrics).
 EXPOSE 8080 9090
 
-ENTRYPOINT ["colocgrpo", "operator"]
+ENTRYPOINT ["colocgrpo-operator"]

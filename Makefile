@@ -126,7 +126,7 @@ test-trainer: trainer-venv cluster-bin
 
 # The demo trains the tiny CPU job for real on this host (rank 0), so it needs the trainer venv too.
 demo: dev-venv cluster-bin trainer-venv
-	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_operator.cli demo
+	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_operator.cli dev demo
 
 clean-cache:
 	rm -rf "$(CACHE)"

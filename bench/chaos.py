@@ -81,7 +81,7 @@ def free_port() -> int:
 
 
 class Operator:
-    """`colocgrpo operator` as a subprocess watching some namespaces: start, SIGKILL, stop; its log
+    """`colocgrpo-operator` as a subprocess watching some namespaces: start, SIGKILL, stop; its log
     accumulates across restarts."""
 
     def __init__(self, kubeconfig: Path, namespaces: list[str], log_path: Path, src: Path = REPO):

@@ -335,7 +335,7 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
     env = {**os.environ, "KUBECONFIG": str(sa_kubeconfig), "PYTHONPATH": f"{repo / 'operator'}:{repo / 'training'}"}
     with log_path.open("w") as log:
         operator = subprocess.Popen(
-            [sys.executable, "-m", "colocgrpo_operator.cli", "operator", *args],
+            [sys.executable, "-m", "colocgrpo_operator", *args],  # the chart's colocgrpo-operator, this checkout's code
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -166,7 +166,7 @@ def test_deployment_is_hardened(render_chart):
 
 def test_operator_command_line_defaults(render_chart):
     deployment, container = _operator_container(render_chart())
-    assert container["command"] == ["colocgrpo", "operator"]
+    assert container["command"] == ["colocgrpo-operator"]
     assert container["args"] == [
         "--all-namespaces",
         "--trainer-image=colocgrpo/trainer:0.1.0",
@@ -186,12 +186,11 @@ def test_operator_command_line_defaults(render_chart):
 
 def test_the_operator_accepts_the_rendered_command_line(render_chart):
     # The chart's args are parsed by the operator's own command line, defaults and namespaced.
-    from colocgrpo_operator.cli import build_parser
-    from colocgrpo_operator.cli.operator import config_from_args
+    from colocgrpo_operator.daemon import build_parser, config_from_args
 
     def config(*values: str):
         _, container = _operator_container(render_chart(*values))
-        return config_from_args(build_parser().parse_args(container["command"][1:] + container["args"]))
+        return config_from_args(build_parser().parse_args(container["args"]))
 
     defaults = config()
     assert defaults.clusterwide and defaults.trainer_image == "colocgrpo/trainer:0.1.0"
@@ -512,11 +511,11 @@ def test_notes_tell_how_to_submit_and_watch(helm):
     [(), ("--set", "watchNamespaces={a,b}"), ("--set", "metrics.enabled=false"), ("--set", "logLevel=warning")],
 )
 def test_rendered_command_line_is_what_colocgrpo_operator_accepts(render_chart, values):
-    from colocgrpo_operator.cli import build_parser
+    from colocgrpo_operator.daemon import build_parser
 
     _, container = _operator_container(render_chart(*values))
-    args = build_parser().parse_args([*container["command"][1:], *container["args"]])  # SystemExit on a bad flag
-    assert args.command == "operator"
+    assert container["command"] == ["colocgrpo-operator"]
+    args = build_parser().parse_args(container["args"])  # SystemExit on a bad flag
     assert args.trainer_image == "colocgrpo/trainer:0.1.0"
     assert args.liveness_port == 8080
     assert args.metrics_port == (0 if "metrics.enabled=false" in values else 9090)

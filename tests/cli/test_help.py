@@ -1,10 +1,12 @@
-"""Every `colocgrpo` subcommand's --help explains itself; those with exit codes state them."""
+"""`colocgrpo --help` lists the user's commands only; every subcommand's --help explains itself, and those
+with exit codes state them."""
 
 from __future__ import annotations
 
 import pytest
 
 from colocgrpo_operator.cli import SUBCOMMAND_MODULES, build_parser
+from support.cli_runner import USER_COMMANDS, listed_commands
 
 # Subcommands whose exit status means more than ok/error, and the phrase of their help that says so.
 EXIT_CODES_IN_HELP = {
@@ -40,3 +42,26 @@ def test_exit_codes_are_in_the_help(name):
 def test_job_name_argument_is_explained(name):
     name_action = next(a for a in _subparsers()[name]._actions if a.dest == "name")
     assert name_action.help and "metadata.name" in name_action.help
+
+
+def test_help_lists_the_users_commands_only():
+    text = build_parser().format_help()
+    listed = listed_commands(text)
+    assert listed == USER_COMMANDS
+    # The daemon and the pods' program are commands of their own; the developer tools are named once.
+    assert "operator" not in listed and "train" not in listed
+    assert "colocgrpo dev --help" in text
+
+
+@pytest.mark.parametrize("argv", [["dev", "cluster", "status"], ["dev", "demo"]])
+def test_developer_tools_stay_reachable(argv):
+    args = build_parser().parse_args(argv)
+    assert callable(args.func)
+
+
+@pytest.mark.parametrize("removed", ["operator", "train", "demo"])
+def test_moved_commands_are_not_user_subcommands(removed, capsys):
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([removed])
+    assert exited.value.code == 2
+    assert f"invalid choice: '{removed}'" in capsys.readouterr().err

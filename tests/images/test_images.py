@@ -58,7 +58,7 @@ def test_operator_image_installs_only_the_operator_extra_and_runs_non_root():
     text = OPERATOR_DOCKERFILE.read_text()
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
     assert 'pip install --no-cache-dir ".[operator]"' in text
-    assert 'ENTRYPOINT ["colocgrpo", "operator"]' in text
+    assert 'ENTRYPOINT ["colocgrpo-operator"]' in text
     (user,) = re.findall(r"^USER (\S+)", text, re.M)
     uid = int(user.split(":")[0])
     assert uid != 0
@@ -195,7 +195,7 @@ def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp
         env=clean_env,
     )
     help_text = subprocess.run(
-        [str(env_dir / "bin" / "colocgrpo"), "operator", "--help"],
+        [str(env_dir / "bin" / "colocgrpo-operator"), "--help"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

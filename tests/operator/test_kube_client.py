@@ -228,12 +228,16 @@ def test_malformed_kubeconfig_is_one_line_from_the_cli_and_the_operator(tmp_path
     from support.cli_runner import run_colocgrpo
 
     path = _write(tmp_path / "kubeconfig", {**_config({"token": "t"}), "users": [{"user": {}}]})
-    for args in (("watch", "job"), ("logs", "job"), ("operator", f"--liveness-port={free_port()}")):
-        result = run_colocgrpo(*args, "--kubeconfig", str(path))
+    for program, *args in (
+        ("colocgrpo", "watch", "job"),
+        ("colocgrpo", "logs", "job"),
+        ("colocgrpo-operator", f"--liveness-port={free_port()}"),
+    ):
+        result = run_colocgrpo(*args, "--kubeconfig", str(path), program=program)
         assert result.returncode == 2, result.stdout + result.stderr
         lines = result.stderr.strip().splitlines()
         assert lines == [f"error: kubeconfig {path}: users[0] has no `name` (pass --kubeconfig or set KUBECONFIG)"] or (
-            args[0] == "operator" and lines == [f"error: kubeconfig {path}: users[0] has no `name`"]
+            program == "colocgrpo-operator" and lines == [f"error: kubeconfig {path}: users[0] has no `name`"]
         ), result.stderr
 
 
@@ -505,7 +509,7 @@ def test_retry_delay_honours_retry_after_and_backs_off() -> None:
 # report which client modules are loaded.
 _RUN_AND_REPORT = """
 import json, os, sys, threading
-from colocgrpo_operator.cli import main
+from colocgrpo_operator.daemon import main
 
 def report():
     sys.stdin.readline()
@@ -522,7 +526,7 @@ sys.exit(main(sys.argv[1:]))
 def test_an_operator_on_an_exec_kubeconfig_never_imports_the_kubernetes_client(
     kube_cluster, crd_installed, namespace, cluster, tmp_path
 ):
-    """`colocgrpo operator --kubeconfig` with an exec-plugin user (EKS/GKE style) reconciles a job,
+    """`colocgrpo-operator --kubeconfig` with an exec-plugin user (EKS/GKE style) reconciles a job,
     through both of its clients, without the official client in the process."""
     token = _account_token(kube_cluster, namespace, "operator", cluster_role="cluster-admin")
     kubeconfig = _exec_kubeconfig(kube_cluster, tmp_path, [token], namespace)
@@ -532,7 +536,6 @@ def test_an_operator_on_an_exec_kubeconfig_never_imports_the_kubernetes_client(
             sys.executable,
             "-c",
             _RUN_AND_REPORT,
-            "operator",
             f"--kubeconfig={kubeconfig}",
             f"--namespace={namespace}",
             f"--metrics-port={free_port()}",

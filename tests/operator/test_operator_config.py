@@ -1,4 +1,4 @@
-"""`OperatorConfig`: every knob a flag of `colocgrpo operator`, bad values refused by flag name."""
+"""`OperatorConfig`: every knob a flag of `colocgrpo-operator`, bad values refused by flag name."""
 
 from __future__ import annotations
 
@@ -7,28 +7,22 @@ from typing import Any
 
 import pytest
 
-from colocgrpo_operator.cli import build_parser, main
-from colocgrpo_operator.cli.operator import config_from_args
 from colocgrpo_operator.controller.config import FLAGS, ConfigError, OperatorConfig
-
-
-def _operator_parser() -> Any:
-    action = next(a for a in build_parser()._actions if a.dest == "command")
-    return action.choices["operator"]
+from colocgrpo_operator.daemon import build_parser, config_from_args, main
 
 
 def test_every_field_is_a_flag_and_every_flag_a_field() -> None:
     fields = {field.name for field in dataclasses.fields(OperatorConfig)}
     assert set(FLAGS) == fields
-    options = {option for action in _operator_parser()._actions for option in action.option_strings}
+    options = {option for action in build_parser()._actions for option in action.option_strings}
     assert set(FLAGS.values()) <= options
-    help_text = _operator_parser().format_help()
+    help_text = build_parser().format_help()
     for flag in FLAGS.values():
         assert flag in help_text
 
 
 def test_no_flags_give_the_class_defaults() -> None:
-    assert config_from_args(build_parser().parse_args(["operator"])) == OperatorConfig()
+    assert config_from_args(build_parser().parse_args([])) == OperatorConfig()
 
 
 def test_flags_reach_the_config(tmp_path) -> None:
@@ -36,7 +30,6 @@ def test_flags_reach_the_config(tmp_path) -> None:
     kubeconfig.write_text("{}")
     args = build_parser().parse_args(
         [
-            "operator",
             "-n",
             "a",
             "--namespace=b",
@@ -99,5 +92,5 @@ def test_bad_values_are_refused_naming_the_flag(settings: dict[str, Any], flag: 
     ],
 )
 def test_the_command_exits_2_naming_the_flag_before_starting(argv: list[str], flag: str, capsys) -> None:
-    assert main(["operator", *argv]) == 2
+    assert main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {flag}: ")

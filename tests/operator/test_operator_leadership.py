@@ -45,7 +45,7 @@ def _batch_job_uids(cluster: Cluster, namespace: str, name: str) -> list[str]:
 
 @pytest.fixture
 def replicas(kube_cluster, crd_installed, tmp_path: Path) -> Iterator[tuple[str, list[OperatorProcess]]]:
-    """Two `colocgrpo operator --leader-election` processes watching one fresh namespace (not an
+    """Two `colocgrpo-operator --leader-election` processes watching one fresh namespace (not an
     `opt-*` one: the session's operator must not serve it), the Lease in that namespace."""
     namespace = kube_cluster.new_namespace("lead")
     args = ("--leader-election", f"--leader-election-namespace={namespace}")

@@ -408,10 +408,10 @@ def test_image_defaults_operator_flag_then_version():
     assert trainer(children_by_kind(obj))["image"] == "colocgrpo/trainer:0.1.0"
 
 
-def test_cpu_job_runs_python_without_gpus_or_vllm():
+def test_cpu_job_runs_the_trainer_command_without_gpus_or_vllm():
     children = children_by_kind(load_example("tiny-cpu.yaml"))
     container = trainer(children)
-    assert container["command"] == ["python", "-m", "colocgrpo_training", "--config", "/etc/colocgrpo/grpo.yaml"]
+    assert container["command"] == ["colocgrpo-train", "--config", "/etc/colocgrpo/grpo.yaml"]
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
     assert container["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
     config = TrainerConfig.from_yaml(children["ConfigMap"]["data"]["grpo.yaml"])

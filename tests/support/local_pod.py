@@ -111,8 +111,8 @@ def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path 
     command = [arg.replace(CONFIG_MOUNT_DIR, str(work)).replace("$(MACHINE_RANK)", "0") for arg in trainer_command(job)]
     if command[:2] == ["accelerate", "launch"]:  # the launcher of this interpreter's environment
         command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
-    elif command[:1] == ["python"]:
-        command = [sys.executable, *command[1:]]
+    elif command[:1] == ["colocgrpo-train"]:  # the console script this interpreter's environment installed
+        command = [str(Path(sys.executable).parent / "colocgrpo-train"), *command[1:]]
     return command
 
 

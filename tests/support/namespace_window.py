@@ -1,4 +1,4 @@
-"""`colocgrpo operator` with kopf's namespace-observer window held open, for the race test.
+"""`colocgrpo-operator` with kopf's namespace-observer window held open, for the race test.
 
 kopf's namespace observer lists the namespaces, then starts a watch that lists them again and
 drops that second listing's events (controller/namespaces.py). This runner wraps kopf's
@@ -6,7 +6,7 @@ drops that second listing's events (controller/namespaces.py). This runner wraps
 $COLOCGRPO_NAMESPACE_WINDOW.open and then waits until $COLOCGRPO_NAMESPACE_WINDOW.close exists:
 a test creates its namespace in between, exactly inside the window, every time.
 
-Run as `python -m support.namespace_window <colocgrpo operator arguments>`.
+Run as `python -m support.namespace_window <colocgrpo-operator arguments>`.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ def hold_the_window(base: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from colocgrpo_operator.cli import main as cli_main
-    from colocgrpo_operator.cli.operator import keep_out_unused_clients
+    from colocgrpo_operator.daemon import keep_out_unused_clients
+    from colocgrpo_operator.daemon import main as operator_main
 
-    keep_out_unused_clients()  # before kopf is imported, as `colocgrpo operator` does
+    keep_out_unused_clients()  # before kopf is imported, as `colocgrpo-operator` does
     hold_the_window(Path(os.environ[WINDOW_ENV]))
-    return cli_main(["operator", *argv])
+    return operator_main(argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    """`colocgrpo operator` in a subprocess; start, SIGKILL, restart, stop."""
+    """`colocgrpo-operator` in a subprocess; start, SIGKILL, restart, stop."""
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,9 +110,7 @@ def _run_entrypoint(config_text: str, tmp_path, *args: str) -> tuple[subprocess.
     import os
 
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
-    result = subprocess.run(
-        [sys.executable, *args, "--config", str(config)], capture_output=True, text=True, env=env, timeout=120
-    )
+    result = subprocess.run([*args, "--config", str(config)], capture_output=True, text=True, env=env, timeout=120)
     return result, json.loads(log.read_text())
 
 
@@ -121,14 +120,15 @@ def test_invalid_config_names_the_field_and_exits_2(tmp_path):
         "dataset: {name_or_path: d}\nrewards: [{function: format}]\n"
         "vllm: {enabled: false, gpu_memory_utilization: 1.5}\ncheckpoint: {dir: /tmp/x}\n"
     )
-    result, message = _run_entrypoint(bad, tmp_path, "-m", "colocgrpo_training")
+    result, message = _run_entrypoint(bad, tmp_path, sys.executable, "-m", "colocgrpo_training")
     assert result.returncode == 2, result.stderr
     assert message["reason"] == "InvalidConfig"
     assert "vllm.gpu_memory_utilization" in message["message"]
 
 
-def test_wrong_config_version_through_the_cli(tmp_path):
-    result, message = _run_entrypoint("version: 99\n", tmp_path, "-m", "colocgrpo_operator.cli", "train")
+def test_wrong_config_version_through_the_console_script(tmp_path):
+    script = Path(sys.executable).parent / "colocgrpo-train"  # what the pods run, installed with the package
+    result, message = _run_entrypoint("version: 99\n", tmp_path, str(script))
     assert result.returncode == 2, result.stderr
     assert message["reason"] == "InvalidConfig"
     assert "version 99" in message["message"]

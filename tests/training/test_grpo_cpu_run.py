@@ -106,8 +106,8 @@ def test_two_steps_checkpoint_then_resume(tmp_path, tiny_model_dir, trainer_env)
     (half_written / "trainer_state.json").write_text(json.dumps({"global_step": 9}))
 
     config = write_config(tmp_path, tiny_model_dir, max_steps=3, save_steps=1)
-    second = subprocess.run(  # through the user CLI this time
-        [sys.executable, "-m", "colocgrpo_operator.cli", "train", "--config", str(config)],
+    second = subprocess.run(  # through the console script the pods run this time
+        [str(Path(sys.executable).parent / "colocgrpo-train"), "--config", str(config)],
         capture_output=True,
         text=True,
         env=trainer_env(tmp_path),

@@ -1,5 +1,5 @@
-"""`python -m colocgrpo_training --config FILE`."""
+"""`python -m colocgrpo_training --config FILE`: the same program as `colocgrpo-train`."""
 
-from colocgrpo_training.entrypoint import exit_process, main
+from colocgrpo_training.entrypoint import console_main
 
-exit_process(main())
+console_main()

@@ -1,4 +1,4 @@
-"""`python -m colocgrpo_training --config FILE` (and `colocgrpo train`): the pod's main program.
+"""`colocgrpo-train --config FILE` (also `python -m colocgrpo_training`): the trainer pods' main program.
 
 Exit codes: 0 done; 1 a failure (reason in the termination message); 2 invalid config;
 143 stopped by SIGTERM after saving a checkpoint (the next pod resumes from it). The process ends through
@@ -40,7 +40,7 @@ def load_config(path: str) -> TrainerConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m colocgrpo_training", description="Run one GRPO training job from a trainer config."
+        prog="colocgrpo-train", description="Run one GRPO training job from a trainer config."
     )
     parser.add_argument("--config", required=True, help="trainer config (grpo.yaml rendered by the operator)")
     return parser
@@ -110,6 +110,12 @@ def exit_process(code: int) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: the process's arguments), train, and return the exit status."""
     args = build_parser().parse_args(argv)
     _setup_logging()
     return run(args.config)
+
+
+def console_main() -> NoReturn:
+    """The `colocgrpo-train` console script and `python -m colocgrpo_training`: `main`, ended by `exit_process`."""
+    exit_process(main())

@@ -1,8 +1,12 @@
-"""The `colocgrpo` command line.
+"""The user's command line: `colocgrpo`, and the same program as the kubectl plugin `kubectl colocgrpo`.
 
 Each subcommand lives in its own module with a `register(subparsers)` function that
 adds its parser and sets `func`. Subcommand modules must import heavy dependencies
 (kubernetes, kopf, torch) inside their handlers so `colocgrpo --help` stays fast.
+
+The operator daemon (`colocgrpo-operator`, `colocgrpo_operator.daemon`) and the trainer pods'
+program (`colocgrpo-train`, `colocgrpo_training.entrypoint`) are commands of their own. The
+developer tools (`dev cluster`, `dev demo`) stay reachable here but are not listed in `--help`.
 """
 
 from __future__ import annotations
@@ -15,24 +19,27 @@ from colocgrpo_operator import __version__
 
 # Order here is the order in `colocgrpo --help`.
 SUBCOMMAND_MODULES: list[str] = [
-    "crd",
     "validate",
+    "plan",
     "render",
     "from_recipe",
-    "train",
-    "dev_cluster",
-    "plan",
-    "operator",
     "watch",
     "logs",
-    "demo",
+    "crd",
+    "dev",
 ]
 
+PROG = "colocgrpo"
+KUBECTL_PLUGIN_PROG = "kubectl colocgrpo"
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The parser of every user subcommand, named `prog` in usage lines and help."""
     parser = argparse.ArgumentParser(
-        prog="colocgrpo",
-        description="Run GRPO with vLLM colocated in DeepSpeed ZeRO-3 training on Kubernetes.",
+        prog=prog,
+        description="Run GRPO with vLLM colocated in DeepSpeed ZeRO-3 training on Kubernetes: check, plan and "
+        "render ColocGRPOJobs offline, follow them on a cluster.",
+        epilog=f"Developer tools (the local cluster, the demo): {prog} dev --help",
     )
     parser.add_argument("--version", action="version", version=f"colocgrpo {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -41,13 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run one subcommand; returns its exit status (2 for a usage error)."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     return int(args.func(args) or 0)
+
+
+def kubectl_main(argv: list[str] | None = None) -> int:
+    """The `kubectl-colocgrpo` console script: kubectl runs it for `kubectl colocgrpo ...`."""
+    return main(argv, prog=KUBECTL_PLUGIN_PROG)
 
 
 if __name__ == "__main__":

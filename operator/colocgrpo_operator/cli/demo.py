@@ -1,8 +1,8 @@
-"""`colocgrpo demo` (what `make demo` runs): the whole path on this machine, for real.
+"""`colocgrpo dev demo` (what `make demo` runs): the whole path on this machine, for real.
 
 1. start (or reuse) the local control plane with fake GPU nodes, install the CRD and the policy
    that keeps the trainer to status.progress;
-2. run the operator (a subprocess, exactly `colocgrpo operator`);
+2. run the operator (a subprocess, exactly `colocgrpo-operator`);
 3. apply examples/tiny-cpu.yaml; the operator creates its children and the gang's pod;
 4. the pod sits on a KWOK fake node, which runs no containers, so the job's rendered trainer
    config (read back from the job's ConfigMap) is run for real on this host as rank 0 — CPU,

@@ -1,8 +1,8 @@
-"""`OperatorConfig`: everything `colocgrpo operator` can be told, in one frozen object.
+"""`OperatorConfig`: everything `colocgrpo-operator` can be told, in one frozen object.
 
 Built once from the command line (cli/operator.py), validated there, and handed to kopf's
 startup handler in kopf's memo (`kopf.run(memo=kopf.Memo(config=...))`); nothing reads the
-environment or a module global for it afterwards. Every field is a flag of `colocgrpo operator`
+environment or a module global for it afterwards. Every field is a flag of `colocgrpo-operator`
 (`FLAGS`), and a bad value fails before the operator starts, with an error naming the flag.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-# The flag of `colocgrpo operator` that sets each field (for help texts and error messages).
+# The flag of `colocgrpo-operator` that sets each field (for help texts and error messages).
 FLAGS = {
     "namespaces": "--namespace",
     "trainer_image": "--trainer-image",
@@ -51,7 +51,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class OperatorConfig:
-    """The operator's settings; the defaults are those of `colocgrpo operator` without flags.
+    """The operator's settings; the defaults are those of `colocgrpo-operator` without flags.
 
     Construction validates every field and raises `ConfigError` (naming the flag) for the first
     bad one, so an `OperatorConfig` that exists is one the operator can run with.

@@ -1,7 +1,7 @@
 """Thin kopf handlers: gather a job's inputs from the indices, let the Reconciler decide.
 
 Importing this module registers every handler of the operator, the startup, login and cleanup
-ones (controller/startup.py) included; `colocgrpo operator` runs them.
+ones (controller/startup.py) included; `colocgrpo-operator` runs them.
 
 Children are watched, not polled: kopf keeps three in-memory indices fed by one watch
 stream per kind (server-side filtered by the `colocgrpo.io/job-name` label):

@@ -261,7 +261,7 @@ _SERVERS: dict[int, Any] = {}
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
     """Serve /metrics in a daemon thread; returns the server (shutdown() stops it). Started once
-    per port: `colocgrpo operator` starts it before leader election (a standby has metrics too),
+    per port: `colocgrpo-operator` starts it before leader election (a standby has metrics too),
     the startup handler gets the same one."""
     if port in _SERVERS:
         return _SERVERS[port]

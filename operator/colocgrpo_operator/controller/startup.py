@@ -1,6 +1,6 @@
 """The operator's start and stop: every kopf setting, the `OperatorRuntime`, kopf's login.
 
-The startup handler reads the `OperatorConfig` that `colocgrpo operator` put in kopf's memo
+The startup handler reads the `OperatorConfig` that `colocgrpo-operator` put in kopf's memo
 (`kopf.run(memo=kopf.Memo(config=...))`; the defaults when there is none), applies the kopf
 settings below and builds the runtime into `memo.runtime`; the cleanup handler closes it.
 
@@ -144,14 +144,14 @@ def diffbase_of(memo: kopf.Memo) -> BoundedDiffBaseStorage | None:
 
 
 def config_of(memo: kopf.Memo) -> OperatorConfig:
-    """The configuration `colocgrpo operator` handed over in the memo; the defaults without one
+    """The configuration `colocgrpo-operator` handed over in the memo; the defaults without one
     (the handlers loaded some other way, e.g. by `kopf run`)."""
     config = memo.get("config")
     return config if isinstance(config, OperatorConfig) else OperatorConfig()
 
 
 def insights_of(memo: kopf.Memo) -> Insights | None:
-    """The Insights object `colocgrpo operator` handed to kopf.run and put in the memo (None when
+    """The Insights object `colocgrpo-operator` handed to kopf.run and put in the memo (None when
     the handlers run some other way: then no namespace rescan, controller/namespaces.py)."""
     insights = memo.get("insights")
     return insights if isinstance(insights, Insights) else None
@@ -207,7 +207,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.L
         logger=logging.getLogger("colocgrpo.operator"),
     )
     memo.runtime.start_namespace_rescan(insights_of(memo), logging.getLogger("colocgrpo.operator"))
-    logger.info("colocgrpo operator configured (metrics port %s)", config.metrics_port or "off")
+    logger.info("colocgrpo-operator configured (metrics port %s)", config.metrics_port or "off")
 
 
 def _index(kwargs: Mapping[str, Any], name: str) -> kopf.Index[Key, str]:
@@ -219,7 +219,7 @@ def _index(kwargs: Mapping[str, Any], name: str) -> kopf.Index[Key, str]:
 
 
 def _credentials(memo: kopf.Memo, config: OperatorConfig) -> Credentials:
-    """The credentials `colocgrpo operator` loaded (one object for the operator's client and kopf's
+    """The credentials `colocgrpo-operator` loaded (one object for the operator's client and kopf's
     session, so an exec plugin runs once per token); else in-cluster ServiceAccount, --kubeconfig
     or $KUBECONFIG, read when asked (not at import)."""
     credentials = memo.get("credentials")
@@ -255,4 +255,4 @@ async def stop(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     runtime = memo.get("runtime")
     if isinstance(runtime, OperatorRuntime):
         await runtime.close()
-    logger.info("colocgrpo operator stopped")
+    logger.info("colocgrpo-operator stopped")

@@ -31,7 +31,8 @@ def run(
     return done
 
 
-OPERATOR_COMMAND = ("colocgrpo_operator.cli", "operator")
+# `python -m colocgrpo_operator` is `colocgrpo-operator`, from whatever checkout PYTHONPATH names.
+OPERATOR_COMMAND = ("colocgrpo_operator",)
 
 
 def start_operator(
@@ -45,7 +46,7 @@ def start_operator(
     extra_paths: Sequence[Path] = (),
     extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """`colocgrpo operator --kubeconfig=KUBECONFIG FLAGS...` in a child process that imports the
+    """`colocgrpo-operator --kubeconfig=KUBECONFIG FLAGS...` in a child process that imports the
     code of `checkout` (its operator/ and training/ first on PYTHONPATH), output into `log_path`.
 
     How the demo, the operator tests and the 500-job benchmark run the operator: as a real

@@ -130,8 +130,9 @@ def trainer_command(job: ColocGRPOJob) -> list[str]:
         return list(job.spec.command)
     config = f"{CONFIG_MOUNT_DIR}/{GRPO_CONFIG_KEY}"
     if job.is_cpu_job and job.spec.resources.nodes == 1:
-        return ["python", "-m", "colocgrpo_training", "--config", config]
-    # $(MACHINE_RANK) is expanded by the kubelet from the container's env.
+        return ["colocgrpo-train", "--config", config]  # the trainer's console script, no launcher
+    # $(MACHINE_RANK) is expanded by the kubelet from the container's env. accelerate starts every
+    # process as `python -m colocgrpo_training`: the module behind `colocgrpo-train`.
     return [
         "accelerate",
         "launch",

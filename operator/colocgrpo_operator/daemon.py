@@ -1,4 +1,9 @@
-"""`colocgrpo operator`: run the kopf operator in this process."""
+"""`colocgrpo-operator` (also `python -m colocgrpo_operator`): the operator daemon, run in this process.
+
+What the chart's Deployment and the operator image run; not a command of the user's `colocgrpo`.
+Exit status: 0 stopped cleanly, 2 a bad flag or an unusable kubeconfig (named, before anything
+starts), 3 leadership lost (another replica takes over).
+"""
 
 from __future__ import annotations
 
@@ -16,15 +21,18 @@ if TYPE_CHECKING:
     from colocgrpo_operator.controller.leadership import LeaderElector
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `colocgrpo operator`: one flag per `OperatorConfig` field, defaults from the class."""
+def build_parser() -> argparse.ArgumentParser:
+    """The `colocgrpo-operator` parser: one flag per `OperatorConfig` field, defaults from the class."""
+    from colocgrpo_operator import __version__
+
     defaults = OperatorConfig()
-    parser = subparsers.add_parser(
-        "operator",
-        help="run the ColocGRPOJob operator (all namespaces unless --namespace is given)",
-        description="Reconcile ColocGRPOJobs into gangs of pods and report their status. "
-        "A bad value of any flag exits 2 before the operator starts, naming the flag.",
+    parser = argparse.ArgumentParser(
+        prog="colocgrpo-operator",
+        description="Run the ColocGRPOJob operator: reconcile ColocGRPOJobs into gangs of pods and report their "
+        "status (all namespaces unless --namespace is given). A bad value of any flag exits 2 before the operator "
+        "starts, naming the flag.",
     )
+    parser.add_argument("--version", action="version", version=f"colocgrpo-operator {__version__}")
     parser.add_argument(
         "--namespace",
         "-n",
@@ -126,7 +134,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="how often the holder renews and a standby looks (default %(default)s)",
     )
-    parser.set_defaults(func=run)
+    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -167,7 +175,7 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
-# Installed for the CLI (watch, logs, demo), never used by the operator process.
+# Installed with the developer tools (the local cluster, the demo), never used by the operator process.
 UNUSED_CLIENT_PACKAGES = ("kubernetes", "kubernetes_asyncio")
 
 
@@ -185,7 +193,13 @@ def keep_out_unused_clients() -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None is the import system's "absent"
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: the process's arguments) and run the operator until it is stopped."""
+    return run(build_parser().parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
+    """Run the operator the parsed flags describe; returns the exit status."""
     try:
         config = config_from_args(args)
     except ConfigError as error:

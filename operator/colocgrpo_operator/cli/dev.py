@@ -1,13 +1,24 @@
-"""`colocgrpo dev cluster up|down|status`: the local control plane with fake GPU nodes."""
+"""`colocgrpo dev`: the developer tools, kept out of the user's `--help`.
+
+`colocgrpo dev cluster up|down|status`: the local control plane with fake GPU nodes.
+`colocgrpo dev demo`: what `make demo` runs (cli/demo.py).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from colocgrpo_operator.cli import demo
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    dev = subparsers.add_parser("dev", help="developer tools (local cluster)", description=__doc__)
+    # No help=: argparse then leaves `dev` out of the commands `colocgrpo --help` lists.
+    dev = subparsers.add_parser(
+        "dev",
+        description="Developer tools: the local control plane with fake GPU nodes (`cluster`) and the demo that "
+        "runs a job through it (`demo`, what `make demo` runs). They need this repository's checkout.",
+    )
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="TOOL", required=True)
     cluster = dev_sub.add_parser(
         "cluster",
@@ -26,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parser = actions.add_parser(action, help=text, description=text)
         parser.add_argument("--name", default=None, help="cluster name (default: colocgrpo)")
         parser.set_defaults(func=_run)
+    demo.register(dev_sub)
 
 
 def _run(args: argparse.Namespace) -> int:
