@@ -1,6 +1,6 @@
 """Children that hold the GPU (an `accelerate launch` and its workers), run so that they
 never outlive the driver: each in its own process group, killed as a group on a timeout
-or when the driver itself is stopped. Used by bench/grpo_step.py and tests/gpu/drivers/learning_run.py.
+or when the driver itself is stopped. Used by bench/grpo/ and tests/gpu/drivers/learning_run.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `examples/seed-qwen14b-tp4.yaml` re-shaped to one node of `gpus` GPUs with vLLM TP
 `tensor_parallel_size` (1 unless asked; and, optionally, trainer-state offload), so
-bench/grpo_step.py, bench/zero3_train_step.py's check and tests/gpu/drivers/learning_run.py
+bench/grpo/, bench/zero3_train_step.py's check and tests/gpu/drivers/learning_run.py
 train under the files the operator renders for that shape.
 """
 

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"machine_probe: {exc}", file=sys.stderr)
         return 2
-    from bench.grpo_step import host_info
+    from bench.grpo.report import host_info
 
     result["host"] = host_info()
     args.out.mkdir(parents=True, exist_ok=True)

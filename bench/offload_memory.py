@@ -2,7 +2,7 @@
 
     python3 -m bench.offload_memory --out DIR [--shape auto|7b|3b]
 
-One process, no vLLM: the large size's decoder (bench/grpo_step.py `LARGE_SHAPES`, random
+One process, no vLLM: the large size's decoder (bench/grpo/model.py `LARGE_SHAPES`, random
 weights made on the GPU under ZeRO-3 init, nothing written to disk) trains one optimizer step
 under the deepspeed.json the operator renders for a one-GPU job with trainer-state offload
 (DeepSpeed's own AdamW), completed as transformers completes it. Then, as the trainer does
@@ -29,12 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.grpo_step import LARGE_SHAPES, PROMPT_TOKENS, SIZES, TRAINING_STATE_BYTES_PER_PARAM, shape_params
+from bench.grpo.model import LARGE_SHAPES, shape_params
+from bench.grpo.sizes import PROMPT_TOKENS, SIZES, TRAINING_STATE_BYTES_PER_PARAM
 
 GIB = 2**30
 MODEL = os.environ.get("COLOCGRPO_TEST_MODEL", "/tmp/models/smollm2-135m-instruct")  # the family's config
 HOST_RESERVE_BYTES = 16 * GIB  # the process itself, the page cache it needs, pinned staging of the copy
-DEVICE_FRACTION = 0.85  # as bench/grpo_step.pick_large_shape
+DEVICE_FRACTION = 0.85  # as bench/grpo/model.pick_large_shape
 
 
 def host_available_bytes() -> int:
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     result["deepspeed_config"] = ds_config
     start = time.perf_counter()
     torch.manual_seed(0)
-    with torch.device("cuda"):  # as bench/grpo_step.make_large_model; DeepSpeed partitions it below
+    with torch.device("cuda"):  # as bench/grpo/model.make_large_model; DeepSpeed partitions it below
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = deepspeed.initialize(

@@ -1,4 +1,4 @@
-"""The headline table from several pair runs (bench/grpo_step.py --pair ..., one bench.json each).
+"""The headline table from several pair runs (python -m bench.grpo --pair ..., one bench.json each).
 
     python3 -m bench.pair_table RUN.json [RUN.json ...] [--machine RUN.json=LABEL ...] [--probe PROBE.json ...]
         [--json OUT]

@@ -1,4 +1,4 @@
-"""Where a GRPO step's wall time goes, by the trainer's own methods (`bench.grpo_step --section-times`).
+"""Where a GRPO step's wall time goes, by the trainer's own methods (`bench.grpo --section-times`).
 
 torch.profiler's op tables (`--profile-steps`) say which kernels and Python ops cost; they do not say which
 part of the trainer called them. This wraps a handful of methods on one trainer *instance* (nothing global,

@@ -2,12 +2,12 @@
 
     python3 -m bench.zero3_train_step --model DIR --out DIR [--files plain,product,...]
 
-bench/grpo_step.py showed that at 7.18B most of a GRPO step is the training side, and its
+bench/grpo/ (the GRPO step benchmark) showed that at 7.18B most of a GRPO step is the training side, and its
 profile that the GPU is busy for only about a third of a train-only step: the rest is
 ZeRO-3's Python machinery on the CPU. This isolates that part, without vLLM or TRL, so
 each DeepSpeed setting costs ~1 minute to measure instead of a whole GRPO run. One step is
 `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size` rows ×
-(prompt + completion) tokens (grpo_step.py's `large` size), forward + backward with
+(prompt + completion) tokens (bench/grpo's `large` size), forward + backward with
 gradient checkpointing (non-reentrant, as TRL does), then fused AdamW (the HF Trainer's
 default). Each file runs in its own process; the report gives the median seconds per
 optimizer step and the ratio to the first file.
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from bench.child_process import install_stop_handlers, run_child
-from bench.grpo_step import PROMPT_TOKENS, SIZES
+from bench.grpo.sizes import PROMPT_TOKENS, SIZES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -325,7 +325,7 @@ def variants_table(results: list[dict], warmup: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True, help="a model folder (grpo_step.py --size large makes one)")
+    parser.add_argument("--model", required=True, help="a model folder (python -m bench.grpo --size large makes one)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--files", default=",".join(FILES))
     parser.add_argument(

@@ -8,26 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from bench import grpo_step, pair_table
+from bench import pair_table
+from bench.grpo import contenders, run, sizes
 
 
 def test_pair_order_alternates_with_the_index():
     pair = ["ours-auto", "trl-sleep"]
-    assert [grpo_step.pair_order(pair, k) for k in range(3)] == [pair, pair[::-1], pair]
-    args = grpo_step.parse_args(["--out", "x", "--pair", "ours-auto,trl-sleep@product", "--pair-index", "3"])
+    assert [contenders.pair_order(pair, k) for k in range(3)] == [pair, pair[::-1], pair]
+    args = run.parse_args(["--out", "x", "--pair", "ours-auto,trl-sleep@product", "--pair-index", "3"])
     assert args.contenders == ["trl-sleep@product", "ours-auto"]
     with pytest.raises(SystemExit):
-        grpo_step.parse_args(["--out", "x", "--pair", "ours-auto"])
+        run.parse_args(["--out", "x", "--pair", "ours-auto"])
 
 
 def test_three_contenders_rotate_through_every_position():
     three = ["ours-auto", "trl-sleep", "trl-sleep@product"]
-    orders = [grpo_step.pair_order(three, k) for k in range(4)]
+    orders = [contenders.pair_order(three, k) for k in range(4)]
     assert orders[0] == three and orders[3] == three
     assert orders[1] == ["trl-sleep", "trl-sleep@product", "ours-auto"]
     # Over three runs each contender stands once in each position.
     assert all(sorted(o[pos] for o in orders[:3]) == sorted(three) for pos in range(3))
-    args = grpo_step.parse_args(["--out", "x", "--pair", ",".join(three), "--pair-index", "2"])
+    args = run.parse_args(["--out", "x", "--pair", ",".join(three), "--pair-index", "2"])
     assert args.contenders == ["trl-sleep@product", "ours-auto", "trl-sleep"]
 
 
@@ -36,28 +37,28 @@ def test_three_contenders_rotate_through_every_position():
 )
 def test_a_pair_needs_one_ours_and_distinct_trl_contenders(pair):
     with pytest.raises(SystemExit):
-        grpo_step.parse_args(["--out", "x", "--pair", pair])
+        run.parse_args(["--out", "x", "--pair", pair])
 
 
 def test_trl_without_deepspeed_is_a_contender():
-    assert grpo_step.check_contender("trl-sleep@none") == "trl-sleep@none"
-    assert grpo_step.deepspeed_file_key("trl-sleep@none") == "none"
-    kwargs = grpo_step.grpo_kwargs("trl-sleep@none", Path("out"), 3, cpu=True, config=grpo_step.SIZES["cpu"])
+    assert contenders.check_contender("trl-sleep@none") == "trl-sleep@none"
+    assert contenders.deepspeed_file_key("trl-sleep@none") == "none"
+    kwargs = contenders.grpo_kwargs("trl-sleep@none", Path("out"), 3, cpu=True, config=sizes.SIZES["cpu"])
     assert kwargs["ddp_backend"] is None
 
 
 @pytest.mark.parametrize("contender", ["trl-sleep", "trl-sleep@plain", "trl-sleep@product", "trl-sleep@none"])
 def test_trl_sleep_sleeps_under_every_deepspeed_file(contender):
-    kwargs = grpo_step.grpo_kwargs(contender, Path("out"), 3, config=grpo_step.SIZES["large"], util=0.17)
+    kwargs = contenders.grpo_kwargs(contender, Path("out"), 3, config=sizes.SIZES["large"], util=0.17)
     assert kwargs["vllm_enable_sleep_mode"] is True
-    assert grpo_step.grpo_kwargs("trl-nosleep@product", Path("out"), 3)["vllm_enable_sleep_mode"] is False
+    assert contenders.grpo_kwargs("trl-nosleep@product", Path("out"), 3)["vllm_enable_sleep_mode"] is False
 
 
 @pytest.fixture
 def fake_bench(monkeypatch, tmp_path):
-    """grpo_step.main with every contender's launch replaced: `outcomes` says what each one does."""
-    monkeypatch.setattr(grpo_step, "MODEL", str(tmp_path))
-    monkeypatch.setattr(grpo_step, "install_stop_handlers", lambda: None)
+    """bench.grpo.run.main with every contender's launch replaced: `outcomes` says what each one does."""
+    monkeypatch.setattr(run, "MODEL", str(tmp_path))
+    monkeypatch.setattr(run, "install_stop_handlers", lambda: None)
     outcomes: dict[str, str] = {}
     launched: list[str] = []
 
@@ -89,7 +90,7 @@ def fake_bench(monkeypatch, tmp_path):
         )
         return 0, False
 
-    monkeypatch.setattr(grpo_step, "run_child", run_child)
+    monkeypatch.setattr(run, "run_child", run_child)
     return outcomes, launched
 
 
@@ -97,7 +98,7 @@ def test_a_contender_that_timed_out_fails_the_run(fake_bench, tmp_path):
     outcomes, launched = fake_bench
     outcomes.update({"ours-auto": "ok", "trl-sleep@product": "timeout"})
     out = tmp_path / "out"
-    code = grpo_step.main(
+    code = run.main(
         ["--out", str(out), "--cpu", "--size", "cpu", "--pair", "ours-auto,trl-sleep@product", "--pair-index", "1"]
     )
     assert code == 1 and launched == ["trl-sleep@product", "ours-auto"]
@@ -113,7 +114,7 @@ def test_a_contender_that_timed_out_fails_the_run(fake_bench, tmp_path):
 def test_a_contender_skipped_for_time_fails_the_run(fake_bench, tmp_path):
     outcomes, launched = fake_bench
     outcomes.update({"ours-auto": "ok", "trl-sleep": "ok"})
-    code = grpo_step.main(
+    code = run.main(
         [
             "--out",
             str(tmp_path / "out"),
@@ -134,7 +135,7 @@ def test_a_contender_skipped_for_time_fails_the_run(fake_bench, tmp_path):
 def test_a_complete_pair_passes(fake_bench, tmp_path):
     outcomes, _ = fake_bench
     outcomes.update({"ours-auto": "ok", "trl-sleep": "ok"})
-    code = grpo_step.main(["--out", str(tmp_path / "out"), "--cpu", "--size", "cpu", "--pair", "ours-auto,trl-sleep"])
+    code = run.main(["--out", str(tmp_path / "out"), "--cpu", "--size", "cpu", "--pair", "ours-auto,trl-sleep"])
     assert code == 0
     results = json.loads((tmp_path / "out" / "bench.json").read_text())["results"]
     assert [r["contender"] for r in results] == ["ours-auto", "trl-sleep"]
@@ -145,7 +146,7 @@ def test_one_contender_out_of_memory_lowers_no_others_utilization(fake_bench, tm
     outcomes.update({"ours-auto": "ok", "trl-sleep@product": "oom"})
     out = tmp_path / "out"
     args = ["--out", str(out), "--cpu", "--size", "large", "--util-ladder", "0.17,0.14"]
-    code = grpo_step.main([*args, "--pair", "trl-sleep@product,ours-auto"])
+    code = run.main([*args, "--pair", "trl-sleep@product,ours-auto"])
     assert code == 0
     # TRL under the one-GPU file ran at the next utilization; ours, after it, still at the highest.
     assert launched == ["trl-sleep@product:0.17", "trl-sleep@product:0.14", "ours-auto:0.17"]
@@ -220,7 +221,7 @@ def test_an_incomplete_run_is_listed_its_measured_pairs_count_and_the_table_fail
 
 
 def triple_file(path: Path, index: int, ours_s: float, plain_s: float, product_s: float, boot_id: str) -> Path:
-    order = grpo_step.pair_order(["ours-auto", "trl-sleep", "trl-sleep@product"], index)
+    order = contenders.pair_order(["ours-auto", "trl-sleep", "trl-sleep@product"], index)
     times = {"ours-auto": ours_s, "trl-sleep": plain_s, "trl-sleep@product": product_s}
     path.write_text(
         json.dumps(

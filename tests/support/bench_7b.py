@@ -1,4 +1,4 @@
-"""The GPU benchmark's 7.18B decoder (bench/grpo_step.py LARGE_SHAPES["7b"], SmolLM2's vocabulary, tied
+"""The GPU benchmark's 7.18B decoder (bench/grpo/model.py LARGE_SHAPES["7b"], SmolLM2's vocabulary, tied
 embeddings) as a planner job: one H200, the operator's one-GPU ZeRO-3 file, the `large` size's batch (16 rows of
 40 prompt + 64 completion tokens, 4 micro-batches per optimizer step, 8 per generation) and vLLM at 0.17, the
 first utilization of the bench's ladder. The measurements the planner is checked against ran at this shape."""

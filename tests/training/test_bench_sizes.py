@@ -1,4 +1,4 @@
-"""bench/grpo_step.py's size plan: the large decoder's parameter count, which
+"""bench/grpo's size plan: the large decoder's parameter count, which
 shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
 
 from __future__ import annotations
@@ -13,93 +13,93 @@ pytestmark = pytest.mark.trainer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bench import grpo_step  # noqa: E402 - after the skips
+from bench.grpo import contenders, floor, model, run, sizes  # noqa: E402 - after the skips
 
 GIB = 2**30
 
 
-@pytest.mark.parametrize("name", sorted(grpo_step.LARGE_SHAPES))
+@pytest.mark.parametrize("name", sorted(model.LARGE_SHAPES))
 def test_shape_params_counts_what_transformers_builds(name):
-    shape = grpo_step.LARGE_SHAPES[name]
+    shape = model.LARGE_SHAPES[name]
     config = transformers.LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **shape)
     with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(config)
-    assert grpo_step.shape_params(shape) == sum(p.numel() for p in model.parameters())
+        built = transformers.LlamaForCausalLM(config)
+    assert model.shape_params(shape) == sum(p.numel() for p in built.parameters())
 
 
 def test_large_shape_makes_training_state_and_vllm_compete():
     # An H200 (≈ 140 GiB) gets the 7B decoder, an 80 GiB H100 the 3B one; in both the
     # ZeRO-3 training state takes over half the card.
     for device_gib, expected in ((140.4, "7b"), (79.6, "3b")):
-        name = grpo_step.pick_large_shape(int(device_gib * GIB))
+        name = model.pick_large_shape(int(device_gib * GIB))
         assert name == expected
-        state = grpo_step.shape_params(grpo_step.LARGE_SHAPES[name]) * grpo_step.TRAINING_STATE_BYTES_PER_PARAM
+        state = model.shape_params(model.LARGE_SHAPES[name]) * sizes.TRAINING_STATE_BYTES_PER_PARAM
         assert 0.5 * device_gib * GIB < state <= 0.85 * device_gib * GIB
     with pytest.raises(SystemExit, match="no large shape fits"):
-        grpo_step.pick_large_shape(24 * GIB)
+        model.pick_large_shape(24 * GIB)
 
 
 def test_util_ladder_leaves_room_for_the_training_state():
     total = int(140.4 * GIB)
-    params = grpo_step.shape_params(grpo_step.LARGE_SHAPES["7b"])
-    ladder = grpo_step.util_ladder(total, params)
+    params = model.shape_params(model.LARGE_SHAPES["7b"])
+    ladder = sizes.util_ladder(total, params)
     assert ladder == sorted(ladder, reverse=True) and len(ladder) == 3
-    state = params * grpo_step.TRAINING_STATE_BYTES_PER_PARAM
-    assert state + ladder[0] * total + grpo_step.UTIL_RESERVE_BYTES <= total
-    assert grpo_step.util_ladder(total, int(total / 16)) == []  # nothing left for vLLM: nothing to try
+    state = params * sizes.TRAINING_STATE_BYTES_PER_PARAM
+    assert state + ladder[0] * total + sizes.UTIL_RESERVE_BYTES <= total
+    assert sizes.util_ladder(total, int(total / 16)) == []  # nothing left for vLLM: nothing to try
 
 
 def test_floor_counts_one_generation_per_two_optimizer_steps_in_both_sizes():
     machine = {"hbm_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14}
     for size in ("small", "large"):
-        config = grpo_step.SIZES[size]
-        floor = grpo_step.floor_seconds(machine, 10**9, config)
+        config = sizes.SIZES[size]
+        seconds = floor.floor_seconds(machine, 10**9, config)
         completions = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
         assert completions == config["prompts_per_step"] * config["num_generations"]
-        assert floor["decode_s"] == pytest.approx(10**9 * 2 * 64 / 2 / 4e12)
-        assert floor["train_s"] == pytest.approx(6 * 10**9 * completions * (40 + 64) / 8e14)
+        assert seconds["decode_s"] == pytest.approx(10**9 * 2 * 64 / 2 / 4e12)
+        assert seconds["train_s"] == pytest.approx(6 * 10**9 * completions * (40 + 64) / 8e14)
 
 
 def test_each_trainer_gets_its_users_deepspeed_file_unless_named():
-    assert grpo_step.deepspeed_choice("trl-sleep") == "plain"
-    assert grpo_step.deepspeed_choice("ours-auto-offload") == "product"
-    assert grpo_step.deepspeed_choice("trl-sleep@product") == "product"
-    assert grpo_step.deepspeed_choice("ours-auto@plain") == "plain"
-    assert grpo_step.check_contender("trl-sleep@product") == "trl-sleep@product"
+    assert contenders.deepspeed_choice("trl-sleep") == "plain"
+    assert contenders.deepspeed_choice("ours-auto-offload") == "product"
+    assert contenders.deepspeed_choice("trl-sleep@product") == "product"
+    assert contenders.deepspeed_choice("ours-auto@plain") == "plain"
+    assert contenders.check_contender("trl-sleep@product") == "trl-sleep@product"
     for bad in ("trl-sleep@tuned", "trl-sleep-offload", "ours-sometimes"):
         with pytest.raises(argparse.ArgumentTypeError):
-            grpo_step.check_contender(bad)
+            contenders.check_contender(bad)
 
 
 def test_product_deepspeed_file_is_the_operators_one_gpu_render():
     from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
 
-    zero = grpo_step.product_deepspeed()["zero_optimization"]
+    zero = contenders.product_deepspeed()["zero_optimization"]
     assert zero["stage"] == 3
     assert zero["stage3_param_persistence_threshold"] == EVERY_PARAMETER
     assert zero["memory_efficient_linear"] is False
     assert zero["offload_param"]["device"] == "none" and zero["offload_optimizer"]["device"] == "none"
-    assert grpo_step.PLAIN_DEEPSPEED["zero_optimization"] == {"stage": 3}
+    assert contenders.PLAIN_DEEPSPEED["zero_optimization"] == {"stage": 3}
     # An offloading contender gets the render of an offloading job: ZeRO-3's usual release.
-    offloading = grpo_step.product_deepspeed(offload_trainer_state=True)["zero_optimization"]
+    offloading = contenders.product_deepspeed(offload_trainer_state=True)["zero_optimization"]
     assert offloading["stage3_param_persistence_threshold"] == "auto"
-    assert grpo_step.deepspeed_file_key("ours-auto-offload") == "product-offload"
-    assert grpo_step.deepspeed_file_key("ours-auto") == "product"
-    assert grpo_step.deepspeed_file_key("trl-sleep") == "plain"
+    assert contenders.deepspeed_file_key("ours-auto-offload") == "product-offload"
+    assert contenders.deepspeed_file_key("ours-auto") == "product"
+    assert contenders.deepspeed_file_key("trl-sleep") == "plain"
 
 
 def test_several_processes_share_the_step_under_the_operators_render_for_their_shape():
     # Four GPUs, TP 2: the step's completions split over the processes, vLLM's TP size set for
     # both trainers, and the deepspeed.json the operator renders for a 4-GPU job.
-    kwargs = grpo_step.grpo_kwargs(
+    kwargs = contenders.grpo_kwargs(
         "trl-sleep", Path("/tmp/bench"), 2, cpu=True, num_processes=4, tensor_parallel_size=2
     )
-    assert kwargs["per_device_train_batch_size"] * 4 == grpo_step.CONFIG["per_device_train_batch_size"]
+    assert kwargs["per_device_train_batch_size"] * 4 == sizes.CONFIG["per_device_train_batch_size"]
     assert kwargs["vllm_tensor_parallel_size"] == 2 and kwargs["ddp_backend"] == "gloo"
-    zero = grpo_step.product_deepspeed(gpus=4, tensor_parallel_size=2)["zero_optimization"]
+    zero = contenders.product_deepspeed(gpus=4, tensor_parallel_size=2)["zero_optimization"]
     assert zero["stage3_param_persistence_threshold"] == "auto"  # the multi-GPU render: parameters released
-    parsed = grpo_step.parse_args(["--out", "/tmp/bench", "--num-processes", "4", "--tp", "2"])
+    parsed = run.parse_args(["--out", "/tmp/bench", "--num-processes", "4", "--tp", "2"])
     assert (parsed.num_processes, parsed.tp) == (4, 2)
     for bad in (["--num-processes", "4", "--tp", "3"], ["--num-processes", "3"]):
         with pytest.raises(SystemExit):
-            grpo_step.parse_args(["--out", "/tmp/bench", *bad])
+            run.parse_args(["--out", "/tmp/bench", *bad])

@@ -138,7 +138,7 @@ def test_grpo_config_fields_the_trainer_and_bench_set():
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "grpo_args"
     }
     assert set_by_trainer and set_by_trainer <= fields, set_by_trainer - fields
-    bench = (Path(__file__).resolve().parents[2] / "bench" / "grpo_step.py").read_text()
+    bench = (Path(__file__).resolve().parents[2] / "bench" / "grpo" / "contenders.py").read_text()
     # The bench's GRPOConfig arguments are the dict its grpo_kwargs builds.
     kwargs_fn = next(
         n for n in ast.walk(ast.parse(bench)) if isinstance(n, ast.FunctionDef) and n.name == "grpo_kwargs"

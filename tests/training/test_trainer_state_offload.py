@@ -261,7 +261,7 @@ def test_rendered_offload_file_completes_to_deepspeeds_adamw():
 
 def test_offload_memory_driver_plans_the_same_job_and_picks_a_shape_the_host_can_pin():
     from bench import offload_memory
-    from bench.grpo_step import LARGE_SHAPES, shape_params
+    from bench.grpo.model import LARGE_SHAPES, shape_params
 
     gib = 2**30
     seven, three = (shape_params(LARGE_SHAPES[s]) * 16 for s in ("7b", "3b"))

@@ -1,7 +1,7 @@
 """This training process's facts → the memory planner's inputs → the micro-batch merge (planner/micro_batches.py).
 
 `merge_micro_batches` is what a real job (`grpo_args.build_grpo_config`) and the GPU benchmark's own contenders
-(bench/grpo_step.py) call on their GRPOConfig keyword arguments before building the GRPOConfig. The facts it
+(bench/grpo/) call on their GRPOConfig keyword arguments before building the GRPOConfig. The facts it
 reads, none of them in the trainer config:
 
 - the processes: `WORLD_SIZE` and `LOCAL_WORLD_SIZE` (set by `accelerate launch` / torchrun; 1 otherwise);

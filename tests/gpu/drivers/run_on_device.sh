@@ -35,7 +35,7 @@
 #   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
 #   integrity.log learning.log bench.log   each part's console output (tail-capped)
 #   pair-K.json        PARTS=pair: that run's bench.json (for bench/pair_table.py)
-# Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for bench/grpo_step.py
+# Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for python -m bench.grpo
 # (e.g. LEARN_ARGS="--steps 60", BENCH_ARGS="--contenders trl-sleep,ours-auto").
 # Work files live in $WORK (default /tmp/gpu-work). Every part has a hard time limit and the
 # whole script a deadline (DEADLINE_S, default 560 s: the device kills a call at 600 s).
@@ -190,12 +190,12 @@ if [[ ",$PARTS," == *",learning,"* ]]; then
 fi
 if [[ ",$PARTS," == *",bench,"* ]]; then
   if [[ "$SMOKE" == 1 ]]; then
-    run_part bench 230 "$PY" -m bench.grpo_step --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
+    run_part bench 230 "$PY" -m bench.grpo --out "$WORK/bench" --contenders "${BENCH_CONTENDERS:-ours-auto-offload}" \
       --warmup-steps 1 --measured-steps 1 --budget-seconds 170 --contender-timeout 150 "${SHAPE_ARGS[@]}" ${BENCH_ARGS:-}
   else
     # The budget is what the deadline leaves (other parts may have run first), less one contender.
     left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
-    run_part bench $(( left + 20 )) "$PY" -m bench.grpo_step --out "$WORK/bench" \
+    run_part bench $(( left + 20 )) "$PY" -m bench.grpo --out "$WORK/bench" \
       ${BENCH_CONTENDERS:+--contenders "$BENCH_CONTENDERS"} --budget-seconds $(( left < 480 ? left - 40 : 440 )) \
       --contender-timeout 170 "${SHAPE_ARGS[@]}" ${BENCH_ARGS:-}
   fi
@@ -204,7 +204,7 @@ fi
 
 if [[ ",$PARTS," == *",zero3,"* ]]; then
   # The large size's training side alone, per DeepSpeed file (~1 min each; makes the model if absent).
-  run_part zero3-model 300 "$PY" -m bench.grpo_step --out "$WORK/zero3-model" --make-model
+  run_part zero3-model 300 "$PY" -m bench.grpo --out "$WORK/zero3-model" --make-model
   run_part zero3 "${ZERO3_LIMIT:-330}" "$PY" -m bench.zero3_train_step --model /tmp/models/random-large \
     --out "$WORK/zero3" ${ZERO3_ARGS:-}
   [[ -f "$WORK/zero3/zero3.md" ]] && cat "$WORK/zero3/zero3.md" >>"$SUMMARY"
@@ -213,7 +213,7 @@ fi
 if [[ ",$PARTS," == *",zero3-variants,"* ]]; then
   # The training-side candidates against the baseline in one process (bench/zero3_train_step.py VARIANTS):
   # the model is loaded once under the one-GPU file; each variant 1 warm-up + ZERO3_MEASURED steps.
-  run_part zero3-model 300 "$PY" -m bench.grpo_step --out "$WORK/zero3-model" --make-model
+  run_part zero3-model 300 "$PY" -m bench.grpo --out "$WORK/zero3-model" --make-model
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 30 ))
   run_part zero3-variants "$left" "$PY" -m bench.zero3_train_step --model /tmp/models/random-large \
     --out "$WORK/zero3-variants" --variants "${ZERO3_VARIANTS:-all}" --measured-steps "${ZERO3_MEASURED:-5}" \
@@ -224,7 +224,7 @@ fi
 if [[ ",$PARTS," == *",bench-large,"* ]]; then
   # The large size: a random-init decoder made here (~7B on an H200), the sleep-on pair first.
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
-  run_part bench-large $(( left + 20 )) "$PY" -m bench.grpo_step --size large --out "$WORK/bench-large" \
+  run_part bench-large $(( left + 20 )) "$PY" -m bench.grpo --size large --out "$WORK/bench-large" \
     ${BENCH_LARGE_CONTENDERS:+--contenders "$BENCH_LARGE_CONTENDERS"} --budget-seconds $(( left - 200 )) \
     --contender-timeout "${BENCH_LARGE_TIMEOUT:-260}" ${BENCH_LARGE_ARGS:-}
   [[ -f "$WORK/bench-large/bench.md" ]] && cat "$WORK/bench-large/bench.md" >>"$SUMMARY"
@@ -238,7 +238,7 @@ if [[ ",$PARTS," == *",pair,"* ]]; then
   # part's limit (three contenders at 7B take ~400 s of a fresh call's ~500).
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
   large=(--size large); [[ "$CPU" == 1 ]] && large=(--cpu --size cpu)
-  run_part pair $(( left + 20 )) "$PY" -m bench.grpo_step "${large[@]}" --out "$WORK/pair" \
+  run_part pair $(( left + 20 )) "$PY" -m bench.grpo "${large[@]}" --out "$WORK/pair" \
     --pair "${PAIR:-ours-auto,trl-sleep}" --pair-index "${PAIR_INDEX:-0}" --budget-seconds $(( left - ${PAIR_MARGIN_S:-200} )) \
     --contender-timeout "${PAIR_TIMEOUT:-260}" "${SHAPE_ARGS[@]}" ${PAIR_ARGS:-}
   [[ -f "$WORK/pair/bench.md" ]] && cat "$WORK/pair/bench.md" >>"$SUMMARY"
@@ -249,7 +249,7 @@ if [[ ",$PARTS," == *",gen-compare,"* ]]; then
   # times, no training (explains generate-time differences between the trainers' runs).
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
   large=(--size large); [[ "$CPU" == 1 ]] && large=(--cpu --size cpu)
-  run_part gen-compare $(( left + 20 )) "$PY" -m bench.grpo_step "${large[@]}" --out "$WORK/gen-compare" \
+  run_part gen-compare $(( left + 20 )) "$PY" -m bench.grpo "${large[@]}" --out "$WORK/gen-compare" \
     --contenders "${GEN_CONTENDERS:-ours-auto,trl-sleep}" --generate-only "${GEN_REPS:-8}" \
     --budget-seconds $(( left - 150 )) --contender-timeout "${GEN_TIMEOUT:-200}" "${SHAPE_ARGS[@]}" ${GEN_ARGS:-}
   [[ -f "$WORK/gen-compare/bench.md" ]] && cat "$WORK/gen-compare/bench.md" >>"$SUMMARY"

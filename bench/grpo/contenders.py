@@ -1,0 +1,121 @@
+"""The contenders: which trainer, sleep policy and DeepSpeed file each runs, and the GRPOConfig arguments
+they share (`grpo_kwargs`), and the run order of a pair."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.grpo.sizes import CONFIG
+from bench.machine_job import machine_job
+
+# Most important first: a run cut by the time budget keeps the headline comparison.
+DEFAULT_CONTENDERS = "trl-sleep,ours-auto,trl-nosleep,ours-auto-offload,ours-off,ours-level2"
+# At the large size sleeping is what lets both fit: the target is the sleep-on pair.
+DEFAULT_LARGE_CONTENDERS = "trl-sleep,ours-auto,ours-level1,trl-nosleep"
+CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level2", "ours-auto")
+
+
+# The DeepSpeed file a contender trains under (`contender@plain` / `contender@product` picks
+# one). `plain` is ZeRO-3 with DeepSpeed's defaults: what TRL's docs and accelerate's
+# `zero_stage: 3` give a TRL user. `product` is what our operator renders for the same
+# one-GPU job (colocgrpo_operator.render), which is how our trainer runs in a pod. `none` is no
+# DeepSpeed at all: plain `accelerate launch`, the bf16 model, the trainer's default torch AdamW
+# (`trl-sleep@none`: TRL as its quickstart runs it, the reference beside TRL under ZeRO-3).
+DEEPSPEED_FILES = ("plain", "product", "none")
+
+
+def check_contender(name: str) -> str:
+    trainer, _, deepspeed = name.partition("@")
+    base = trainer.removesuffix("-offload")
+    if base not in CONTENDERS or (trainer.endswith("-offload") and not base.startswith("ours-")):
+        raise argparse.ArgumentTypeError(
+            f"unknown contender {name!r}: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload], "
+            f"each optionally @plain, @product or @none"
+        )
+    if deepspeed and deepspeed not in DEEPSPEED_FILES:
+        raise argparse.ArgumentTypeError(f"unknown DeepSpeed file {deepspeed!r} in {name!r}: @plain, @product or @none")
+    return name
+
+
+def deepspeed_choice(contender: str) -> str:
+    """`plain` for TRL, `product` for ours, unless the name says otherwise."""
+    trainer, _, deepspeed = contender.partition("@")
+    return deepspeed or ("product" if trainer.startswith("ours-") else "plain")
+
+
+PLAIN_DEEPSPEED = {
+    "zero_optimization": {"stage": 3},
+    "bf16": {"enabled": "auto"},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
+
+
+def product_deepspeed(offload_trainer_state: bool = False, gpus: int = 1, tensor_parallel_size: int = 1) -> dict:
+    """deepspeed.json as the operator renders it for a job of one node with `gpus` GPUs (one by
+    default), with or without `vllm.offloadTrainerState` (the `-offload` contenders)."""
+    from colocgrpo_operator.render import deepspeed_config
+
+    job = machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size)
+    return deepspeed_config(job)
+
+
+def deepspeed_file_key(contender: str) -> str:
+    """Which written file a contender's launcher gets: its choice, and for our `-offload`
+    contenders the product render of a job that offloads trainer state."""
+    choice = deepspeed_choice(contender)
+    offload = contender.partition("@")[0].endswith("-offload")
+    return f"{choice}-offload" if choice == "product" and offload else choice
+
+
+def grpo_kwargs(
+    contender: str,
+    out: Path,
+    steps: int,
+    cpu: bool = False,
+    config: dict = CONFIG,
+    util: float | None = None,
+    num_processes: int = 1,
+    tensor_parallel_size: int = 1,
+):
+    """The GRPOConfig arguments of one contender (identical for all but the sleep switch). The
+    size's per-device batch is the step's micro-batch on one GPU: `num_processes` share it."""
+    util = util if util is not None else config["gpu_memory_utilization"]
+    return dict(
+        output_dir=str(out / "trainer"),
+        per_device_train_batch_size=config["per_device_train_batch_size"] // num_processes,
+        num_generations=config["num_generations"],
+        max_completion_length=config["max_completion_length"],
+        gradient_accumulation_steps=config["gradient_accumulation_steps"],
+        steps_per_generation=config["steps_per_generation"],
+        learning_rate=config["learning_rate"],
+        max_steps=steps,
+        beta=0.0,
+        bf16=not cpu,
+        seed=config["seed"],
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=util,
+        vllm_max_model_length=config["max_model_len"],
+        vllm_enable_sleep_mode=contender.partition("@")[0] == "trl-sleep",
+        vllm_tensor_parallel_size=tensor_parallel_size,
+        model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
+        # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process);
+        # without DeepSpeed one process needs no process group.
+        ddp_backend="gloo" if cpu and deepspeed_choice(contender) != "none" else None,
+    )
+
+
+def pair_order(pair: list[str], index: int) -> list[str]:
+    """The run's contenders in run order: the list rotated left by `index`, so that consecutive runs
+    (index 0, 1, 2, ...) change which contender meets the machine first. For a pair A,B that is A
+    first for an even index and B first for an odd one; for three, each takes every position once
+    in three runs."""
+    shift = index % len(pair)
+    return list(pair[shift:]) + list(pair[:shift])
