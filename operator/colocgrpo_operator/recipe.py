@@ -107,6 +107,25 @@ def _dtype(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None
     t.set("model.dtype", value)
 
 
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # what the trainer image runs (api/model.py ModelSpec)
+
+
+def _attention(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
+    if value in ATTENTION_IMPLEMENTATIONS:
+        t.set("model.attnImplementation", value)
+    elif isinstance(value, str) and value.startswith("flash_attention"):
+        t.set("model.attnImplementation", "sdpa")
+        t.notes.append(
+            f"{key}: {value} -> spec.model.attnImplementation sdpa: the trainer image ships no flash-attn package; "
+            "sdpa runs PyTorch's fused attention (FlashAttention kernels on GPUs that have them)"
+        )
+    else:
+        t.untranslatable.append(
+            f"{key}: {value!r} is not one of {', '.join(ATTENTION_IMPLEMENTATIONS)} "
+            "(target spec.model.attnImplementation)"
+        )
+
+
 def _mixed_precision(dtype: str) -> Handler:
     def handle(t: Translation, key: str, value: Any, recipe: dict[str, Any]) -> None:
         declared = recipe.get("torch_dtype")
@@ -208,10 +227,11 @@ def _model_init_kwargs(t: Translation, key: str, value: Any, recipe: dict[str, A
         t.untranslatable.append(f"{key}: {value!r} is not a mapping")
         return
     rest = dict(value)
+    if "attn_implementation" in rest:
+        _attention(t, f"{key}.attn_implementation", rest.pop("attn_implementation"), recipe)
     for inner, target in (
         ("torch_dtype", "model.dtype"),
         ("dtype", "model.dtype"),
-        ("attn_implementation", "model.attnImplementation"),
         ("revision", "model.revision"),
     ):
         if inner in rest:
@@ -231,7 +251,7 @@ TRANSLATIONS: dict[str, tuple[str, Handler]] = {
     "model_revision": ("spec.model.revision", _to("model.revision", _is_str, "a string")),
     "torch_dtype": ("spec.model.dtype", _dtype),
     "dtype": ("spec.model.dtype", _dtype),
-    "attn_implementation": ("spec.model.attnImplementation", _to("model.attnImplementation", _is_str, "a string")),
+    "attn_implementation": ("spec.model.attnImplementation", _attention),
     "model_init_kwargs": ("spec.model + trainerArgs.model_init_kwargs", _model_init_kwargs),
     "bf16": ("spec.model.dtype", _mixed_precision("bfloat16")),
     "fp16": ("spec.model.dtype", _mixed_precision("float16")),

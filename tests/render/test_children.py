@@ -432,7 +432,7 @@ def test_render_trainer_config_maps_every_typed_section():
     job = parse_job(load_example("seed-qwen14b-tp4.yaml"))
     config = render_trainer_config(job)
     assert config.model.name_or_path == "Qwen/Qwen2.5-14B-Instruct"
-    assert config.model.attn_implementation == "flash_attention_2"
+    assert config.model.attn_implementation == "sdpa"
     assert config.dataset.prompt_column == "problem"
     assert config.vllm.tensor_parallel_size == 4 and config.vllm.enabled
     assert [r.function for r in config.rewards] == ["accuracy", "format"]

@@ -89,7 +89,12 @@ def test_settings_owned_by_typed_fields(rendered):
     assert config.model.name_or_path == "Qwen/Qwen2.5-14B-Instruct"
     assert config.model.revision == "main"
     assert config.model.dtype == "bfloat16"
-    assert config.model.attn_implementation == "flash_attention_2"
+    # The recipe's flash_attention_2 becomes sdpa (the trainer image has no flash-attn), with a note saying so.
+    assert config.model.attn_implementation == "sdpa"
+    assert any(
+        n.startswith("attn_implementation: flash_attention_2 -> spec.model.attnImplementation sdpa")
+        for n in rendered["notes"]
+    )
     assert config.dataset.name_or_path == "open-r1/OpenR1-Math-220k"
     assert config.dataset.prompt_column == "problem"
     assert config.dataset.system_prompt == rendered["recipe"]["system_prompt"]
@@ -97,7 +102,7 @@ def test_settings_owned_by_typed_fields(rendered):
     assert rendered["trl"]["model_init_kwargs"] == {
         "dtype": "bfloat16",
         "revision": "main",
-        "attn_implementation": "flash_attention_2",
+        "attn_implementation": "sdpa",
     }
 
 
@@ -125,6 +130,7 @@ DROPPED_WITH_NOTE = {
     "save_strategy",
     "bf16",
     "warmup_ratio",
+    "attn_implementation",  # flash_attention_2 -> sdpa: the trainer image ships no flash-attn
 }
 
 
@@ -135,7 +141,6 @@ def test_every_seed_key_is_accounted_for(rendered):
         "model_name_or_path": config.model.name_or_path,
         "model_revision": config.model.revision,
         "torch_dtype": config.model.dtype,
-        "attn_implementation": config.model.attn_implementation,
         "dataset_name": config.dataset.name_or_path,
         "system_prompt": config.dataset.system_prompt,
         "dataset_prompt_column": config.dataset.prompt_column,

@@ -97,8 +97,14 @@ class ModelSpec(_Spec):
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
         default="bfloat16", description="Weight dtype for training and vLLM."
     )
-    attn_implementation: ShortString | None = Field(
-        default=None, description="transformers attention implementation, e.g. flash_attention_2, sdpa, eager."
+    attn_implementation: Literal["sdpa", "eager"] | None = Field(
+        default=None,
+        description=(
+            "transformers attention implementation for training: sdpa (PyTorch's fused attention, which runs "
+            "FlashAttention kernels on GPUs that have them) or eager; unset, transformers picks (sdpa). The trainer "
+            "image ships no flash-attn package, so flash_attention_2 and flash_attention_3 are refused at admission "
+            "rather than failing every pod at model load."
+        ),
     )
     parameter_count: int | None = Field(
         default=None, gt=0, description="Number of parameters, for the memory planner when the config is not at hand."
