@@ -22,6 +22,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from colocgrpo_training.agreement import any_rank, gather
+
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "COLOCGRPO_COMPLETE"
@@ -94,14 +96,7 @@ def common_resume_step(per_rank: list[list[int]], output_dir: str | Path = "chec
 def agreed_resume_checkpoint(output_dir: str | Path) -> Path | None:
     """The checkpoint every rank resumes from (a collective: every rank calls it, once)."""
     steps = complete_steps(output_dir)
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        per_rank: list[list[int] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, steps)
-    else:
-        per_rank = [steps]
-    step = common_resume_step([list(s or []) for s in per_rank], output_dir)
+    step = common_resume_step([list(s or []) for s in gather(steps)], output_dir)
     return None if step is None else Path(output_dir) / f"checkpoint-{step}"
 
 
@@ -166,15 +161,7 @@ class TerminationRequest:
 
 def any_rank_requested(local: bool) -> bool:
     """Every rank must agree to stop at the same step, or the save's collectives deadlock."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return local
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return any_rank(local)
 
 
 class SaveOnTermination(TrainerCallback):

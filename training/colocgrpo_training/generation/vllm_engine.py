@@ -26,6 +26,7 @@ from trl.extras.profiling import ProfilingContext
 from trl.generation.vllm_generation import VLLMGeneration, empty_cache, extract_logprobs
 from trl.trainer.utils import ensure_master_addr_port
 
+from colocgrpo_training.agreement import agree_max
 from colocgrpo_training.config import SleepPolicy, VLLMSettings
 from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES, plan_buckets
 from colocgrpo_training.generation.policy import CostModel, EngineState, SleepController
@@ -491,13 +492,7 @@ class ColocatedVLLM(VLLMGeneration):
     def _agree_max(self, value: float) -> float:
         """Every rank must take the same sleep decisions (pushes are collectives): decide
         from the slowest rank's measurement."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return value
-        if torch.distributed.get_world_size() == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return float(t.item())
+        return agree_max(value)
 
 
 # Test-only: every parameter goes through the bucket's gather (`GatheredParameters` under ZeRO-3),
