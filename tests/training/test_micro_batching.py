@@ -12,6 +12,7 @@ from colocgrpo_training.config import TrainerConfig, VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.micro_batching import (
     MERGE_ENV,
+    agree_merge,
     deepspeed_settings,
     merge_micro_batches,
     merge_pin,
@@ -77,6 +78,7 @@ def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, monkeypatch, 
             max_prompt_tokens=40,
             environ=environ,
         )
+        assert agree_merge(merge) is merge  # one process: its own decision, logged
     assert merge.factor == 4
     assert merged == {
         **grpo,

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from colocgrpo_training.config import SleepPolicy, TrainerConfig
 from colocgrpo_training.failures import InvalidConfigError
-from colocgrpo_training.micro_batching import merge_micro_batches
+from colocgrpo_training.micro_batching import agree_merge, merge_micro_batches
+from colocgrpo_training.planner.micro_batches import MicroBatchMerge
 
 if TYPE_CHECKING:
     from trl import GRPOConfig
@@ -97,19 +98,33 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
     """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`.
 
     The training micro-batch is merged where the step stays the same and the memory plan allows
-    (micro_batching.py: fewer, larger micro-batches; `COLOCGRPO_MICRO_BATCH_MERGE=off` keeps them as set)."""
+    (micro_batching.py: fewer, larger micro-batches; `COLOCGRPO_MICRO_BATCH_MERGE=off` keeps them as set). A
+    collective in a job of several processes: building the first GRPOConfig starts the process group
+    (TrainingArguments sets its device up), over which the ranks agree on the merge (`agree_merge`)."""
+    kwargs = grpo_kwargs(config, reward_weights)
+    local: MicroBatchMerge | None = None
+    problem = None
+    try:
+        _, local = merge_micro_batches(
+            kwargs,
+            model=config.model.name_or_path,
+            revision=config.model.revision,
+            dtype=config.model.dtype,
+            vllm=config.vllm,
+            max_prompt_tokens=config.dataset.max_prompt_tokens,
+        )
+    except InvalidConfigError as err:
+        problem = str(err)  # every rank stops with it, after the agreement below
+    grpo_config = _grpo_config(kwargs)
+    merge = agree_merge(local, problem)
+    return _grpo_config(merge.rewrite(kwargs)) if merge.merged else grpo_config
+
+
+def _grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:
     import dataclasses
 
     from trl import GRPOConfig
 
-    kwargs, _ = merge_micro_batches(
-        grpo_kwargs(config, reward_weights),
-        model=config.model.name_or_path,
-        revision=config.model.revision,
-        dtype=config.model.dtype,
-        vllm=config.vllm,
-        max_prompt_tokens=config.dataset.max_prompt_tokens,
-    )
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(kwargs) - known)
     if unknown:

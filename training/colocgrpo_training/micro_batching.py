@@ -14,17 +14,24 @@ reads, none of them in the trainer config:
 
 `COLOCGRPO_MICRO_BATCH_MERGE` (set it in `spec.podTemplate.env`): `auto` (default), `off`, or a factor to use as
 given (it must divide gradient_accumulation_steps and steps_per_generation, and the merge must be exact).
+`COLOCGRPO_GPU_MEMORY_GIB` plans for that much GPU memory instead of the device's (a shared GPU, a MIG slice).
+
+Each rank plans alone, before the process group exists; `agree_merge` then makes the factor every rank's smallest
+(the number of forwards and backwards, collectives under ZeRO-3, must be equal on every rank).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from colocgrpo_training.agreement import gather
 from colocgrpo_training.config import VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
@@ -34,6 +41,7 @@ from colocgrpo_training.planner.shapes import PlanInputError
 log = logging.getLogger("colocgrpo.micro_batches")
 
 MERGE_ENV = "COLOCGRPO_MICRO_BATCH_MERGE"
+GPU_MEMORY_ENV = "COLOCGRPO_GPU_MEMORY_GIB"
 GIB = 1024**3
 
 
@@ -50,7 +58,17 @@ def merge_pin(environ: Mapping[str, str]) -> Pin:
 
 
 def gpu_memory_gib(environ: Mapping[str, str]) -> float | None:
-    """torch's total_memory of this process's GPU, in GiB; None without CUDA."""
+    """This process's GPU memory in GiB: `COLOCGRPO_GPU_MEMORY_GIB` where set (a GPU shared with other work, a MIG
+    slice), else torch's total_memory of its device; None without CUDA."""
+    given = environ.get(GPU_MEMORY_ENV, "").strip()
+    if given:
+        try:
+            value = float(given)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidConfigError(f"{GPU_MEMORY_ENV}={given!r}: expected the GPU's memory in GiB, a number > 0")
+        return value
     import torch
 
     if not torch.cuda.is_available():
@@ -146,7 +164,8 @@ def merge_micro_batches(
     revision: str | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> tuple[dict[str, Any], MicroBatchMerge]:
-    """`grpo` rewritten with the merged micro-batch, and the decision (logged here, one line on rank 0)."""
+    """`grpo` rewritten with the merged micro-batch, and this process's decision (`agree_merge` then makes one
+    decision of every rank's)."""
     pin = merge_pin(environ)
     world = int(environ.get("WORLD_SIZE", "1") or 1)
     local = int(environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
@@ -179,5 +198,36 @@ def merge_micro_batches(
         merge = plan_micro_batches(grpo, inputs, world_size=world, model_config=model_json, pin=pin, no_plan_reason=why)
     except ValueError as err:
         raise InvalidConfigError(f"{MERGE_ENV}: {err}") from err
-    log.info("%s", merge.message())
     return merge.rewrite(grpo), merge
+
+
+def agree_merge(local: MicroBatchMerge | None, problem: str | None = None) -> MicroBatchMerge:
+    """The merge every rank runs: a collective, called by every rank once its process group exists.
+
+    Each rank plans from its own facts (its GPU, the model config it could read), so ranks can differ; the number of
+    forwards and backwards, which ZeRO-3 makes collectives, must not. Every rank takes the smallest factor any rank
+    chose: a smaller factor divides the same G and S and needs less memory, so it fits wherever a larger one did.
+    A rank that could not decide (`local` None, `problem` saying why) stops every rank with that reason.
+    """
+    rank_decisions: list[tuple[int | None, str | None]] = gather(
+        (local.factor, local.reason) if local is not None else (None, problem)
+    )
+    factors = [factor for factor, _ in rank_decisions if factor is not None]
+    if local is None or len(factors) < len(rank_decisions):
+        raise InvalidConfigError(
+            "the training micro-batch cannot be agreed, every rank stops: "
+            + "; ".join(f"rank {rank}: {why}" for rank, (factor, why) in enumerate(rank_decisions) if factor is None)
+        )
+    agreed = min(factors)
+    if agreed == local.factor:
+        log.info("%s", local.message())
+        return local
+    log.warning(
+        "this rank planned to merge its micro-batches %d into 1 (%s); every rank takes %d, the smallest of any "
+        "rank (per rank: %s)",
+        local.factor,
+        local.reason,
+        agreed,
+        factors,
+    )
+    return dataclasses.replace(local, factor=agreed, reason=f"the smallest factor of any rank (per rank: {factors})")
