@@ -34,6 +34,7 @@ import torch
 import trl.trainer.grpo_trainer as grpo_module
 from trl import GRPOConfig, GRPOTrainer
 
+from colocgrpo_training.agreement import agree_max
 from colocgrpo_training.config import VLLMSettings
 from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES
 from colocgrpo_training.generation.old_logps import (
@@ -45,6 +46,7 @@ from colocgrpo_training.generation.old_logps import (
 )
 from colocgrpo_training.generation.schedules import predict_next_generate
 from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+from colocgrpo_training.planner.micro_batches import dropout_settings
 
 log = logging.getLogger("colocgrpo.generation")
 
@@ -59,10 +61,38 @@ DEFAULT_NO_GRAD_TOKENS = 8192
 
 def no_grad_rows(train_rows: int, sequence_tokens: int, no_grad_tokens: int) -> int:
     """Rows per no-grad forward: as many as `no_grad_tokens` allows, never fewer than TRL's (the
-    training micro-batch); `no_grad_tokens` 0 keeps TRL's chunking."""
+    training micro-batch); `no_grad_tokens` 0 keeps TRL's chunking.
+
+    Under ZeRO-3 every forward is a chain of collectives, so `sequence_tokens` must be equal on every rank (the
+    trainer passes the longest padded sequence over all ranks, `agreement.agree_max`): TRL pads each rank's batch
+    to that rank's own longest completion, and rows sized from it would give ranks different numbers of forwards."""
     if no_grad_tokens <= 0:
         return train_rows
     return max(train_rows, no_grad_tokens // max(1, sequence_tokens))
+
+
+def deferral_off_reason(
+    steps_per_generation: int, gradient_accumulation_steps: int, model_config: dict[str, Any]
+) -> str | None:
+    """Why a job's old log-probs cannot come from the training forward (None: they can), from settings equal on
+    every rank.
+
+    `deferrable_chunks` places optimizer steps every G micro-steps counted from the trainer's micro-step counter.
+    transformers restarts its accumulation windows at every epoch (and cuts the epoch's last one short), so that
+    count is right only where every window boundary falls on a multiple of G of the counter: where S is a multiple of
+    G (an epoch, a multiple of S micro-steps, is then one of G too), or where G is a multiple of S (a generation's
+    chunks then always share one window, wherever the windows start). Dropout draws other masks in the loss's
+    forward than a separate forward would, so the ratio of a deferred micro-batch would be 1 where TRL's is not."""
+    s, g = steps_per_generation, gradient_accumulation_steps
+    if s % g != 0 and g % s != 0:
+        return (
+            f"steps_per_generation {s} and gradient_accumulation_steps {g}: neither divides the other, so "
+            "optimizer steps cannot be placed ahead across epochs"
+        )
+    dropout = dropout_settings(model_config)
+    if dropout:
+        return f"the model trains with dropout ({', '.join(dropout)})"
+    return None
 
 
 @contextlib.contextmanager
@@ -83,10 +113,11 @@ class ColocGRPOTrainer(GRPOTrainer):
     VLLMSettings owns are set from it (use_vllm, vllm_mode="colocate", TP size, memory
     utilization, max model length) and TRL's own sleep mode is kept off.
 
-    `defer_old_logps` (default True): with vLLM's importance-sampling correction on (TRL's default)
-    and `num_iterations` 1, the micro-batches trained before the next optimizer step take their old
-    log-probs and correction from their own training forward instead of a no-grad forward after
-    generating (old_logps.py); the same quantities, one forward fewer over those rows. False: TRL's way.
+    `defer_old_logps` (default True): with vLLM's importance-sampling correction on (TRL's default),
+    `num_iterations` 1, no dropout and steps_per_generation a multiple of gradient_accumulation_steps or
+    the other way round (`deferral_off_reason`), the micro-batches trained before the next optimizer step
+    take their old log-probs and correction from their own training forward instead of a no-grad forward
+    after generating (old_logps.py); the same quantities, one forward fewer over those rows. False: TRL's way.
     """
 
     args: GRPOConfig  # Trainer annotates it as TrainingArguments
@@ -108,6 +139,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         self._deferred_chunks: list[dict[str, Any]] = []
         self._ratio_pending: dict[str, Any] | None = None  # the micro-batch whose loss forward runs now
         self._sampling_stats: SamplingStats | None = None  # this generation's metrics, added up as scored
+        self._deferral_off: str | None = "no colocated vLLM"  # why old log-probs are never deferred (None: they can be)
         # GRPOTrainer's own parameters, however they were passed.
         given = inspect.signature(GRPOTrainer.__init__).bind_partial(self, *args, **kwargs).arguments
         grpo_args = given.get("args")
@@ -145,6 +177,22 @@ class ColocGRPOTrainer(GRPOTrainer):
         engine = cast(ColocatedVLLM, self.vllm_generation)  # built by the factory above
         engine.weight_version = lambda: self.state.global_step
         engine.deepspeed_engine = self._deepspeed_engine
+        self._deferral_off = self._deferral_off_reason()
+
+    def _deferral_off_reason(self) -> str | None:
+        """Why this job takes TRL's old-log-prob forward for every micro-batch (None: it defers where it can).
+        Derived from settings equal on every rank, so every rank takes the same forwards; logged once."""
+        if not self.defer_old_logps:
+            return "defer_old_logps is off"
+        config = getattr(self.model, "config", None)
+        reason = deferral_off_reason(
+            cast(int, self.args.steps_per_generation),
+            self.args.gradient_accumulation_steps,
+            config.to_dict() if config is not None else {},
+        )
+        if reason is not None:
+            log.info("old log-probs: one forward after each generation, as TRL does (%s)", reason)
+        return reason
 
     # -- hooks -----------------------------------------------------------------------------
     def _deepspeed_engine(self) -> Any:
@@ -188,7 +236,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         """This `_prepare_inputs` call generates, and its old log-probs can come from training forwards."""
         assert self.model is not None and self.args.steps_per_generation is not None
         if not (
-            self.defer_old_logps
+            self._deferral_off is None
             and self.model.training
             and self.use_vllm
             and self.vllm_importance_sampling_correction
@@ -294,9 +342,12 @@ class ColocGRPOTrainer(GRPOTrainer):
             # so that a value derived from it and left in place would show, not pass for a ratio of 1.
             self._placeholder_old_logps = False
             return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
-        if batch_size and not torch.is_grad_enabled():
-            # No activations are kept: larger chunks, the same values (rows are independent).
-            batch_size = no_grad_rows(batch_size, input_ids.size(1), self.no_grad_tokens)
+        if batch_size and not torch.is_grad_enabled() and self.no_grad_tokens > 0:
+            # No activations are kept: larger chunks, the same values (rows are independent). Every rank takes
+            # this forward here (TRL's generation and reference forwards are collectives already), and the chunk
+            # size comes from the longest sequence of any rank, so every rank runs the same number of forwards.
+            longest = int(agree_max(float(input_ids.size(1))))
+            batch_size = no_grad_rows(batch_size, longest, self.no_grad_tokens)
         result = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
         )

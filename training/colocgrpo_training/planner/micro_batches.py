@@ -157,7 +157,8 @@ def _setting(grpo: Mapping[str, Any], key: str) -> Any:
     return DEFAULTS.get(key) if value is None else value
 
 
-def _dropout(model_config: Mapping[str, Any]) -> list[str]:
+def dropout_settings(model_config: Mapping[str, Any]) -> list[str]:
+    """The model config's dropout settings above 0 (`*dropout*`, `*pdrop*`, its text config's too), as "key value"."""
     configs = [model_config]
     text = model_config.get("text_config")
     if isinstance(text, Mapping):
@@ -192,7 +193,7 @@ def exactness_problems(grpo: Mapping[str, Any], model_config: Mapping[str, Any] 
         keys = set(model_config) | (set(text) if isinstance(text, Mapping) else set())
         if any(key in keys for key in _MOE_KEYS) and _setting(grpo, "router_aux_loss_coef") != 0.0:
             problems.append("the Mixture-of-Experts router loss balances experts over each forward's tokens")
-        dropout = _dropout(model_config)
+        dropout = dropout_settings(model_config)
         if dropout:
             problems.append(f"dropout ({', '.join(dropout)}) draws its masks per forward")
     return problems
