@@ -162,6 +162,10 @@ class LLM:
                 lps.append({token: Logprob(value if math.isfinite(value) else -1e9, 1)})
                 if token == self.model.config.eos_token_id and not sp.ignore_eos:
                     break
+                if self.probe is not None and self.probe.stops_after(len(generated)):
+                    generated[-1] = self.model.config.eos_token_id  # this rank's completions end here
+                    lps[-1] = {generated[-1]: Logprob(float(logp[generated[-1]]), 1)}
+                    break
             outputs.append(RequestOutput(ids, [CompletionOutput(generated, lps if sp.logprobs is not None else None)]))
         if self.probe is not None:
             self.probe.generated(
@@ -202,11 +206,22 @@ _PACKAGE_FILES = {
 }
 
 
+# Imported by every interpreter started with the stand-in on PYTHONPATH, before anything else: the environment that
+# `support.rank_probe.RANK_ENV_ENV` gives some ranks alone (a launcher gives every rank the same environment).
+_SITECUSTOMIZE = """from support.rank_probe import apply_rank_environment
+
+apply_rank_environment()
+"""
+
+
 def write_package(root: str | Path) -> Path:
     """Write an importable `vllm` package backed by this module under `root` and return
     `root`: put it and tests/ on PYTHONPATH of a launched trainer (its workers import vLLM
-    by name). Only what TRL and ColocatedVLLM import exists."""
+    by name). Only what TRL and ColocatedVLLM import exists. A `sitecustomize` beside it applies
+    per-rank environment variables (`support.rank_probe.RANK_ENV_ENV`)."""
     root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     for name, text in _PACKAGE_FILES.items():
         path = root / "vllm" / name
         path.parent.mkdir(parents=True, exist_ok=True)

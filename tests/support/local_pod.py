@@ -56,11 +56,14 @@ def cpu_pod_job(
     sleep_policy: str,
     checkpoint: dict[str, Any],
     trainer_args: dict[str, Any],
+    prompts: int = 16,
+    nodes: int = 1,
 ) -> dict[str, Any]:
-    """A one-node ColocGRPOJob of `gpus` processes for a pod command launched here: `model` in float32, 16 arithmetic
-    prompts (written to `work/train.jsonl`), the reward `cpu_rewards:varied` (written to `work/rewards`: pass that
-    folder to `render_pod`), `trainer_args` over what every CPU launch needs (gloo, no dataloader workers)."""
-    rows = [{"problem": f"What is {i} + {i + 1}?", "solution": f"${2 * i + 1}$"} for i in range(16)]
+    """A ColocGRPOJob of `nodes` pods of `gpus` processes each for pod commands launched here: `model` in float32,
+    `prompts` arithmetic prompts (written to `work/train.jsonl`), the reward `cpu_rewards:varied` (written to
+    `work/rewards`: pass that folder to `render_pod`), `trainer_args` over what every CPU launch needs (gloo, no
+    dataloader workers)."""
+    rows = [{"problem": f"What is {i} + {i + 1}?", "solution": f"${2 * i + 1}$"} for i in range(prompts)]
     (work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (work / "rewards").mkdir(parents=True, exist_ok=True)
     (work / "rewards" / "cpu_rewards.py").write_text(VARIED_REWARD)
@@ -71,7 +74,7 @@ def cpu_pod_job(
         "spec": {
             "model": {"name": str(model), "dtype": "float32"},
             "dataset": {"name": str(work / "train.jsonl"), "maxPromptTokens": 32},
-            "resources": {"nodes": 1, "gpusPerNode": gpus},
+            "resources": {"nodes": nodes, "gpusPerNode": gpus},
             "vllm": {"tensorParallelSize": tp, "sleepPolicy": sleep_policy, "maxModelLen": 128},
             "rewards": [{"function": "cpu_rewards:varied"}],
             "rewardModules": {"configMapName": "rewards"},
@@ -114,6 +117,43 @@ def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path 
     elif command[:1] == ["colocgrpo-train"]:  # the console script this interpreter's environment installed
         command = [str(Path(sys.executable).parent / "colocgrpo-train"), *command[1:]]
     return command
+
+
+class ProcessTree:
+    """Every process a launched command started, as seen while it ran: torch's elastic agent starts each rank in a
+    process session of its own, so killing the launcher's process group would leave hung ranks running, and a rank
+    whose launcher is gone is re-parented where `children()` no longer finds it. `kill` ends all of them (psutil
+    checks each one's start time, so a reused pid is never hit)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        import psutil
+
+        self.proc = proc
+        self.seen: dict[int, psutil.Process] = {}
+
+    def refresh(self) -> None:
+        import psutil
+
+        try:
+            launcher = psutil.Process(self.proc.pid)
+            for process in [launcher, *launcher.children(recursive=True)]:
+                self.seen.setdefault(process.pid, process)
+        except psutil.NoSuchProcess:
+            pass
+
+    def kill(self) -> None:
+        import psutil
+
+        self.refresh()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        alive = []
+        for process in self.seen.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+                alive.append(process)
+        psutil.wait_procs(alive, timeout=30)
+        self.proc.wait()
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:
@@ -174,21 +214,20 @@ def launch_pod(
 
     with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
+        tree = ProcessTree(proc)
         deadline = time.monotonic() + limit_s
         try:
             while proc.poll() is None:
+                tree.refresh()
                 if time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    tree.kill()
                     stderr = (work / "stderr.log").read_text(errors="replace")
                     pytest.fail(f"{work.name}: no exit within {limit_s} s (a hang)\n{stderr[-6000:]}")
                 if until is not None and until():
                     until = None  # done: no more calls
                 time.sleep(0.2)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            tree.kill()  # a rank left behind by its launcher too
     return Launch(
         work,
         proc.returncode,

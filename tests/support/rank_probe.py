@@ -22,6 +22,11 @@ Faults and variants it injects, each for the ranks listed:
                                             (`LOGPROB_SHIFTS`), so vLLM's importance-sampling correction is far from 1
   COLOCGRPO_PROBE_OLD_LOGPS="0,1:forward"   the trainer forwards every row for its old log-probs, as TRL does
                                             (`ColocGRPOTrainer(defer_old_logps=False)`)
+  COLOCGRPO_PROBE_STOP_AFTER="0,1:2"        the engine ends every completion there after 2 tokens (with EOS)
+  COLOCGRPO_PROBE_NO_GRAD_TOKENS="0,1,2,3:64"  the trainer's tokens per no-grad forward (`no_grad_tokens`)
+  COLOCGRPO_PROBE_RANK_ENV="3:NAME=VALUE"   NAME=VALUE in the environment of those ranks alone, set when the
+                                            interpreter starts (the stand-in's `sitecustomize`); `;` separates
+                                            several such entries
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ HIDE_ENV = "COLOCGRPO_PROBE_HIDE"
 SIGTERM_AT_BUILD_ENV = "COLOCGRPO_PROBE_SIGTERM_AT_BUILD"
 LOGPROB_SHIFT_ENV = "COLOCGRPO_PROBE_LOGPROB_SHIFT"
 OLD_LOGPS_ENV = "COLOCGRPO_PROBE_OLD_LOGPS"
+STOP_AFTER_ENV = "COLOCGRPO_PROBE_STOP_AFTER"
+NO_GRAD_TOKENS_ENV = "COLOCGRPO_PROBE_NO_GRAD_TOKENS"
+RANK_ENV_ENV = "COLOCGRPO_PROBE_RANK_ENV"
 # Added to the engine's log-prob of token t: LOGPROB_SHIFTS[t % 3].
 LOGPROB_SHIFTS = (0.0, -0.4, 0.3)
 
@@ -61,6 +69,17 @@ def _for_this_rank(env: str) -> str | None:
     return value if _rank() in {int(r) for r in ranks.split(",") if r} else None
 
 
+def apply_rank_environment() -> None:
+    """`RANK_ENV_ENV`'s variables for this rank (a worker started by a launcher; the launcher has no RANK)."""
+    if "RANK" not in os.environ:
+        return
+    for entry in filter(None, os.environ.get(RANK_ENV_ENV, "").split(";")):
+        ranks, _, assignment = entry.partition(":")
+        name, _, value = assignment.partition("=")
+        if _rank() in {int(r) for r in ranks.split(",") if r}:
+            os.environ[name] = value
+
+
 def weights_digest(named: list[tuple[str, Any]]) -> str:
     """A digest of (name, exact bytes) of every tensor, in name order."""
     h = hashlib.sha256()
@@ -78,6 +97,8 @@ class Probe:
         skew = _for_this_rank(WAKE1_SKEW_ENV)
         self.wake1_skew_seconds = float(skew) if skew else 0.0
         self.logprobs_shifted = _for_this_rank(LOGPROB_SHIFT_ENV) is not None
+        stop = _for_this_rank(STOP_AFTER_ENV)
+        self.stop_after = int(stop) if stop else None
         self.pushes = 0
 
     def record(self, event: str, **fields: Any) -> None:
@@ -94,6 +115,10 @@ class Probe:
     def logprob_shift(self, token: int) -> float:
         """What the engine adds to its log-prob of `token` (0 unless COLOCGRPO_PROBE_LOGPROB_SHIFT lists this rank)."""
         return LOGPROB_SHIFTS[token % len(LOGPROB_SHIFTS)] if self.logprobs_shifted else 0.0
+
+    def stops_after(self, generated: int) -> bool:
+        """The engine ends a completion of `generated` tokens here (COLOCGRPO_PROBE_STOP_AFTER)."""
+        return self.stop_after is not None and generated >= self.stop_after
 
     # -- wrapped trainer code ------------------------------------------------------------
     def check_push(self, engine: Any) -> None:
@@ -221,8 +246,20 @@ def _install_trainer_records(probe: Probe) -> None:
     @functools.wraps(logps)
     def counted_logps(self, model, input_ids, *args, **kwargs):
         if not torch.is_grad_enabled():
-            probe.record("no_grad_forward", rows=int(input_ids.size(0)))
+            rows, chunk = int(input_ids.size(0)), kwargs.get("batch_size") or int(input_ids.size(0))
+            probe.record("no_grad_forward", rows=rows, tokens=int(input_ids.size(1)), forwards=-(-rows // chunk))
         return logps(self, model, input_ids, *args, **kwargs)
+
+    no_grad_tokens = _for_this_rank(NO_GRAD_TOKENS_ENV)
+    if no_grad_tokens is not None:
+        ours = ColocGRPOTrainer._get_per_token_logps_and_entropies
+
+        @functools.wraps(ours)
+        def sized_logps(self, *args, **kwargs):
+            self.no_grad_tokens = int(no_grad_tokens)
+            return ours(self, *args, **kwargs)
+
+        ColocGRPOTrainer._get_per_token_logps_and_entropies = sized_logps
 
     log = Trainer.log
 
