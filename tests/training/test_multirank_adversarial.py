@@ -1,0 +1,246 @@
+"""World size 4 under DeepSpeed ZeRO-3 with inputs that are not friendly: every decision that changes the number or
+order of collectives must be equal on every rank, whatever each rank sees.
+
+A 4-GPU job with vLLM TP 2 (two TP groups of two ranks), rendered by the operator, its pod command launched here on
+CPU over gloo (`support.local_pod`), each launch under a hard time limit (a hang fails the test and every rank is
+killed). The engine is the CPU stand-in; `support.rank_probe` makes the ranks see different things:
+
+- lengths: one TP group's completions end after 2 tokens, the other's run to 24, so TRL pads each rank's batch to a
+  different length; the rows per no-grad forward (the reference model's, β > 0, and the old log-probs' of
+  `num_iterations` 2) are sized from tokens, so sized per rank they would differ and the ranks would block in
+  different collectives. Loss grpo, TRL's default importance-sampling mode (sequence_mask).
+- epochs: steps_per_generation 3 with gradient_accumulation_steps 2 over two epochs of 9 micro-steps each, so
+  transformers' accumulation windows restart off the trainer's micro-step count; deferred old log-probs predicted
+  from that count would take a PPO ratio of 1 for micro-batches trained after an optimizer step. Loss dr_grpo, the
+  engine's log-probs shifted so the importance-sampling correction is far from 1.
+- gpu: one rank told its GPU is far smaller (COLOCGRPO_GPU_MEMORY_GIB, which the memory planner reads): the others
+  plan to merge micro-batches 2 into 1, it does not; every rank must run the same micro-batches.
+- undecided: one rank cannot plan at all (a malformed COLOCGRPO_GPU_MEMORY_GIB): every rank stops, with one error.
+
+Where the math is the same as TRL's own path (no deferral, no merge, TRL's no-grad chunks), the final weights equal
+those of the same job run that way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from colocgrpo_training.failures import EXIT_INVALID_CONFIG
+from colocgrpo_training.generation.trainer import no_grad_rows
+from support import rank_probe
+from support.local_pod import Launch, cpu_pod_job, launch_pod, progress_steps, render_pod
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+
+torch = pytest.importorskip("torch")
+
+WORLD, TP = 4, 2
+ALL = ",".join(map(str, range(WORLD)))
+LAUNCH_LIMIT_S = 240  # a launch takes about a minute on two loaded cores; past this it hangs
+PER_DEVICE = 2
+SHORT, LONG = 2, 24  # completion tokens of TP group (0, 1) and of (2, 3) in the lengths case
+PROMPT_TOKENS = 32  # cpu_pod_job's dataset.maxPromptTokens
+# Tokens per no-grad forward in the lengths case: 4 rows of the short group fit one forward, the long group's do not.
+NO_GRAD_TOKENS = 2 * PER_DEVICE * (PROMPT_TOKENS + SHORT)
+EPOCH_PROMPTS, EPOCH_S, EPOCH_G = 9, 3, 2
+
+
+def launch(
+    root: Path,
+    name: str,
+    model: Path,
+    env: dict[str, str],
+    trainer_args: dict,
+    probe: dict[str, str],
+    *,
+    prompts: int = 16,
+) -> Launch:
+    work = root / name
+    work.mkdir(parents=True)
+    job = cpu_pod_job(
+        work,
+        model,
+        name=name,
+        gpus=WORLD,
+        tp=TP,
+        sleep_policy="auto",
+        checkpoint={"path": str(work / "checkpoints"), "saveFinalModel": True},
+        trainer_args={"learning_rate": 0.05, "seed": 5, "logging_steps": 1, **trainer_args},
+        prompts=prompts,
+    )
+    command = render_pod(job, work / "config", reward_modules_dir=work / "rewards")
+    env = {
+        **env,
+        rank_probe.DIR_ENV: str(work / "probe"),
+        "COLOCGRPO_TERMINATION_LOG": str(work / "termination-log"),
+        "PYTHONUNBUFFERED": "1",
+        **probe,
+    }
+    return launch_pod(command, work, env, world=WORLD, limit_s=LAUNCH_LIMIT_S, probe_dir=work / "probe")
+
+
+def trl_path(probe: dict[str, str]) -> dict[str, str]:
+    """The probe settings of the same job run TRL's own way: no deferral, no merge, TRL's no-grad chunks."""
+    return {
+        **probe,
+        rank_probe.OLD_LOGPS_ENV: f"{ALL}:forward",
+        rank_probe.NO_GRAD_TOKENS_ENV: f"{ALL}:0",
+        "COLOCGRPO_MICRO_BATCH_MERGE": "off",
+    }
+
+
+def final_weights(run: Launch) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    (path,) = (run.work / "checkpoints").glob("*/model.safetensors")
+    return load_file(str(path))
+
+
+def assert_same_weights(ours: Launch, trl: Launch, initial_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    mine, theirs = final_weights(ours), final_weights(trl)
+    assert mine.keys() == theirs.keys()
+    differ = max(float((mine[name] - theirs[name]).abs().max()) for name in theirs)
+    assert differ < 1e-4, f"the final weights differ from TRL's path by up to {differ}"
+    (initial_file,) = initial_dir.glob("*.safetensors")
+    initial = load_file(str(initial_file))
+    moved = max(float((theirs[name] - initial[name]).abs().max()) for name in theirs if name in initial)
+    assert moved > 1e-3, "training did not move the weights: the comparison would prove nothing"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("adversarial")
+
+
+@pytest.fixture(scope="module")
+def env(root, pod_env) -> dict[str, str]:
+    return pod_env(root)
+
+
+# -- lengths: completions of different lengths per rank, β > 0, two iterations -------------------------------------
+
+LENGTHS_ARGS = {
+    "max_steps": 2,
+    "per_device_train_batch_size": PER_DEVICE,
+    "num_generations": 4,
+    "max_completion_length": LONG,
+    "gradient_accumulation_steps": 2,
+    "num_iterations": 2,  # old log-probs from a no-grad forward
+    "beta": 0.04,  # the reference model's no-grad forward
+    "loss_type": "grpo",
+}
+LENGTHS_PROBE = {
+    rank_probe.STOP_AFTER_ENV: f"0,1:{SHORT}",
+    rank_probe.NO_GRAD_TOKENS_ENV: f"{ALL}:{NO_GRAD_TOKENS}",
+}
+
+
+@pytest.fixture(scope="module")
+def lengths(root, tiny_model_dir, env) -> dict[str, Launch]:
+    return {
+        "ours": launch(root, "lengths", tiny_model_dir, env, LENGTHS_ARGS, LENGTHS_PROBE),
+        "trl": launch(root, "lengths-trl", tiny_model_dir, env, LENGTHS_ARGS, trl_path(LENGTHS_PROBE)),
+    }
+
+
+def test_ranks_with_completions_of_different_lengths_take_the_same_no_grad_forwards(lengths):
+    run = lengths["ours"]
+    assert run.returncode == 0, run.tail()
+    calls = {rank: run.events(rank, "no_grad_forward") for rank in range(WORLD)}
+    assert len({len(c) for c in calls.values()}) == 1 and calls[0], calls
+    differed = False
+    for i, per_rank in enumerate(zip(*(calls[rank] for rank in range(WORLD)), strict=True)):
+        assert len({r["forwards"] for r in per_rank}) == 1, f"call {i}: ranks took different forwards {per_rank}"
+        # Sized from each rank's own padded length, the ranks would have taken different numbers of forwards.
+        alone = {no_grad_rows(PER_DEVICE, r["tokens"], NO_GRAD_TOKENS) for r in per_rank}
+        differed |= len(alone) > 1
+    assert differed, "every rank saw lengths that chunk alike: the case proves nothing"
+    assert max(run.progress_steps()) == LENGTHS_ARGS["max_steps"]
+
+
+def test_different_lengths_train_as_trls_own_path(lengths, tiny_model_dir):
+    assert lengths["trl"].returncode == 0, lengths["trl"].tail()
+    assert_same_weights(lengths["ours"], lengths["trl"], tiny_model_dir)
+
+
+# -- epochs: windows restart every epoch off the micro-step count ---------------------------------------------------
+
+EPOCH_ARGS = {
+    "num_train_epochs": 2,
+    "per_device_train_batch_size": 1,
+    "num_generations": 4,
+    "max_completion_length": 6,
+    "gradient_accumulation_steps": EPOCH_G,
+    "steps_per_generation": EPOCH_S,
+    "loss_type": "dr_grpo",
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 10.0,
+}
+EPOCH_PROBE = {rank_probe.LOGPROB_SHIFT_ENV: f"{ALL}:on"}
+
+
+@pytest.fixture(scope="module")
+def epochs(root, tiny_model_dir, env) -> dict[str, Launch]:
+    def run(name: str, probe: dict[str, str]) -> Launch:
+        return launch(root, name, tiny_model_dir, env, EPOCH_ARGS, probe, prompts=EPOCH_PROMPTS)
+
+    return {"ours": run("epochs", EPOCH_PROBE), "trl": run("epochs-trl", trl_path(EPOCH_PROBE))}
+
+
+def test_two_epochs_whose_windows_restart_train_as_trls_own_path(epochs, tiny_model_dir):
+    ours, trl = epochs["ours"], epochs["trl"]
+    assert ours.returncode == 0, ours.tail()
+    assert trl.returncode == 0, trl.tail()
+    # 9 prompts, 3 per generation batch (1 row x 4 ranks x 3 micro-steps / 4 generations): 9 micro-steps an epoch,
+    # optimizer steps after micro-steps 2, 4, 6, 8 and 9 (the epoch's short last window), then again from 10.
+    assert max(ours.progress_steps()) == max(trl.progress_steps()) == 10
+    assert_same_weights(ours, trl, tiny_model_dir)
+    assert "old log-probs: one forward after each generation, as TRL does (steps_per_generation 3" in ours.stderr
+
+
+# -- gpu: one rank plans for a smaller GPU ----------------------------------------------------------------------------
+
+MERGE_ARGS = {
+    "max_steps": 2,
+    "per_device_train_batch_size": PER_DEVICE,
+    "num_generations": 4,
+    "max_completion_length": 6,
+    "gradient_accumulation_steps": 2,
+}
+
+
+def gpu_memory(spec: str) -> dict[str, str]:
+    return {rank_probe.RANK_ENV_ENV: spec}
+
+
+def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(root, tiny_model_dir, env):
+    run = launch(
+        root,
+        "gpu",
+        tiny_model_dir,
+        env,
+        MERGE_ARGS,
+        gpu_memory("0,1,2:COLOCGRPO_GPU_MEMORY_GIB=80;3:COLOCGRPO_GPU_MEMORY_GIB=0.01"),
+    )
+    assert run.returncode == 0, run.tail()
+    assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
+    # Ranks 0-2 planned the merge (the tiny model fits 80 GiB); rank 3 did not; all took rank 3's.
+    for rank in (0, 1, 2):
+        assert f"rank{rank} WARNING colocgrpo.micro_batches: this rank planned to merge its micro-batches 2 into 1" in (
+            run.stderr
+        ), run.tail()
+    assert "every rank takes 1, the smallest of any rank (per rank: [2, 2, 2, 1])" in run.stderr
+
+
+def test_a_rank_that_cannot_plan_stops_every_rank_with_its_reason(root, tiny_model_dir, env):
+    run = launch(root, "undecided", tiny_model_dir, env, MERGE_ARGS, gpu_memory("2:COLOCGRPO_GPU_MEMORY_GIB=lots"))
+    assert run.returncode != 0
+    codes = run.exit_codes()
+    assert codes == dict.fromkeys(range(WORLD), EXIT_INVALID_CONFIG), (codes, run.tail())
+    reason = "rank 2: COLOCGRPO_GPU_MEMORY_GIB='lots': expected the GPU's memory in GiB, a number > 0"
+    assert run.stdout.count(reason) + run.stderr.count(reason) >= WORLD, run.tail()
+    assert progress_steps(run.stdout) == []
