@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ def test_from_recipe_reports_untranslatable_and_exits_1(tmp_path):
         "use_peft: true\nwandb_project: x\nvllm_mode: server\nlearning_rate: 1.0e-6\nlearning_rate: 2.0e-6\n",
     )
     out = tmp_path / "job.yaml"
-    result = colocgrpo("from-recipe", str(recipe), "--gpus-per-node", "4", "-o", str(out))
+    result = colocgrpo("from-recipe", str(recipe), "--gpus-per-node", "4", "--output-file", str(out))
     assert result.returncode == 1
     for key in ("use_peft", "wandb_project", "vllm_mode", "learning_rate"):
         assert f"not translated: {key}:" in result.stderr
@@ -168,3 +169,45 @@ def test_from_recipe_unreadable_inputs(tmp_path):
     assert colocgrpo("from-recipe", "/nonexistent.yaml").returncode == 1
     result = colocgrpo("from-recipe", str(write(tmp_path, "list.yaml", "- a\n")))
     assert result.returncode == 1 and "not a recipe" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- -o json|yaml: what the commands print for programs ---------------------------------------------
+
+
+def test_render_json_is_one_list_of_the_same_objects():
+    as_yaml = colocgrpo("render", "-f", "examples/seed-qwen14b-tp4.yaml")
+    as_json = colocgrpo("render", "-f", "examples/seed-qwen14b-tp4.yaml", "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    listed = json.loads(as_json.stdout)
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    assert listed["items"] == list(yaml.safe_load_all(as_yaml.stdout))
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_validate_output_is_the_job_with_its_defaults(output):
+    result = colocgrpo("validate", "-f", "examples/tiny-cpu.yaml", "-o", output)
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout) if output == "json" else yaml.safe_load(result.stdout)
+    assert (job["kind"], job["metadata"]["name"]) == ("ColocGRPOJob", "tiny-cpu")
+    written = yaml.safe_load((REPO / "examples/tiny-cpu.yaml").read_text())
+    assert "sleepPolicy" not in written["spec"].get("vllm", {})  # filled in by the API model
+    assert job["spec"]["vllm"]["sleepPolicy"] == "auto"
+
+
+def test_validate_output_of_several_jobs_is_a_list_and_problems_still_exit_1(tmp_path):
+    bad = seed_job()
+    bad["spec"]["vllm"]["tensorParallelSize"] = 3
+    both = colocgrpo("validate", "-f", "examples/tiny-cpu.yaml", "-f", "examples/seed-qwen14b-tp4.yaml", "-o", "json")
+    assert [j["metadata"]["name"] for j in json.loads(both.stdout)["items"]] == ["tiny-cpu", "seed-qwen14b-tp4"]
+    mixed = colocgrpo(
+        "validate", "-f", "examples/tiny-cpu.yaml", "-f", str(write(tmp_path, "tp3.yaml", bad)), "-o", "yaml"
+    )
+    assert mixed.returncode == 1 and "spec.vllm.tensorParallelSize" in mixed.stderr
+    assert yaml.safe_load(mixed.stdout)["metadata"]["name"] == "tiny-cpu"
+
+
+def test_from_recipe_json_is_the_same_job_as_its_yaml():
+    args = ("from-recipe", str(SEED_RECIPE), "--gpus-per-node", "8", "--tp", "4")
+    as_yaml, as_json = colocgrpo(*args), colocgrpo(*args, "-o", "json")
+    assert as_json.returncode == as_yaml.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == yaml.safe_load(as_yaml.stdout)

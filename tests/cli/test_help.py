@@ -13,7 +13,8 @@ EXIT_CODES_IN_HELP = {
     "validate": "exit 1 with one line per problem",
     "render": "Invalid jobs exit 1",
     "plan": "Exit 0 when the job fits, 1 when it cannot, 2 on bad input",
-    "watch": "0 Succeeded, 1 Failed, 2 job not found",
+    "watch": "0 Succeeded, 1 Failed, deleted, not found or the cluster unusable (as kubectl), 2 a usage error",
+    "logs": "1 no such job or no pod of that rank yet",
     "from-recipe": "exit 1 when something\ncould not be translated",
 }
 
@@ -65,3 +66,25 @@ def test_moved_commands_are_not_user_subcommands(removed, capsys):
         build_parser().parse_args([removed])
     assert exited.value.code == 2
     assert f"invalid choice: '{removed}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["watch", "logs"])
+def test_cluster_commands_take_kubectls_flags(name):
+    options = {o for a in _subparsers()[name]._actions for o in a.option_strings}
+    assert {"--kubeconfig", "--context", "-n", "--namespace"} <= options
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("plan", ["-f", "j.yaml"]),
+        ("render", ["-f", "j.yaml"]),
+        ("validate", ["-f", "j.yaml"]),
+        ("watch", ["job", "--once"]),
+        ("from-recipe", ["r.yaml"]),
+    ],
+)
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_commands_that_print_an_object_take_output_formats(name, argv, output):
+    args = build_parser().parse_args([name, *argv, "-o", output])
+    assert args.output == output

@@ -22,7 +22,7 @@ DEMO_NAMESPACE = "colocgrpo-demo"
 
 def readme_commands() -> list[str]:
     text = README.read_text()
-    inline = re.findall(r"`(colocgrpo [^`]*)`", text)
+    inline = re.findall(r"`(?:kubectl )?(colocgrpo [^`]*)`", text)
     return inline + block_commands(text)
 
 
@@ -34,6 +34,7 @@ def block_commands(text: str) -> list[str]:
             line = line.split("#", 1)[0]
             for part in re.split(r"&&|;|\|", line):
                 part = part.split(">", 1)[0].strip()
+                part = part.removeprefix("kubectl ")  # the plugin: the same program
                 if part.startswith("colocgrpo "):
                     in_blocks.append(part)
     return in_blocks

@@ -46,7 +46,7 @@ def test_fits_exit_0(tmp_path):
 def test_seed_example_fits():
     if not SEED_EXAMPLE.exists():
         pytest.fail(f"{SEED_EXAMPLE} is missing (the foundation issue commits it)")
-    result = colocgrpo("plan", "-f", str(SEED_EXAMPLE), "--json")
+    result = colocgrpo("plan", "-f", str(SEED_EXAMPLE), "-o", "json")
     assert result.returncode == 0, result.stdout + result.stderr
     plan = json.loads(result.stdout)
     assert plan["fits"] and plan["gpuMemoryUtilization"] == 0.35
@@ -69,7 +69,7 @@ def test_72b_on_one_gpu_exit_1_names_the_term(tmp_path):
 
 def test_json_output_and_gpu_memory_flag(tmp_path):
     path = write_job(tmp_path, base_spec("Qwen/Qwen2.5-14B-Instruct"))
-    result = colocgrpo("plan", "-f", str(path), "--json", "--gpu-memory-gib", "80")
+    result = colocgrpo("plan", "-f", str(path), "-o", "json", "--gpu-memory-gib", "80")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["gpuMemoryGiB"] == 80 and plan["perGpuVllmGiB"] == pytest.approx(28.0)
@@ -113,6 +113,6 @@ def test_local_model_dir_relative_to_job_file(tmp_path):
     model_dir.mkdir(parents=True)
     write_llama_config(model_dir, tie_word_embeddings=True)
     spec = base_spec("models/tiny", gpus=1, tp=1)
-    result = colocgrpo("plan", "-f", str(write_job(tmp_path, spec)), "--json")
+    result = colocgrpo("plan", "-f", str(write_job(tmp_path, spec)), "-o", "json")
     assert result.returncode == 0, result.stderr
     assert "config.json" in json.loads(result.stdout)["shapeSource"]

@@ -1,9 +1,11 @@
-"""One clean line, not a traceback, when a cluster-facing command cannot use the cluster.
+"""The cluster-facing commands' flags (`--kubeconfig`, `--context`, `-n`, as kubectl names them) and
+one clean line, not a traceback, when such a command cannot use the cluster.
 
 A user with no kubeconfig, a malformed one, a failing exec plugin, the wrong context or a
 stopped cluster otherwise meets a urllib3 traceback. Commands that talk to the API server wrap their
-handler with `reports_cluster_errors`; these failures then exit 2 ("bad arguments or
-environment", as `watch` documents) with a line that says what to check.
+handler with `reports_cluster_errors`; these failures then exit 1, as kubectl's do, with a line
+that says what to check. A job that does not exist exits 1 too (`EXIT_NOT_FOUND`); 2 is left to
+usage errors, which argparse reports.
 """
 
 from __future__ import annotations
@@ -12,9 +14,35 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-EXIT_CLUSTER_ERROR = 2
+if TYPE_CHECKING:
+    import argparse
+
+    from colocgrpo_operator.controller.kube import KubeApi
+
+# As kubectl: 1 for a refused or failed request and for an object that does not exist.
+EXIT_CLUSTER_ERROR = 1
+EXIT_NOT_FOUND = 1
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """`-n/--namespace`, `--kubeconfig` and `--context`, with kubectl's meanings."""
+    parser.add_argument("--namespace", "-n", default=None, help="default: the kubeconfig context's namespace")
+    parser.add_argument(
+        "--kubeconfig", default=None, metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument(
+        "--context", default=None, metavar="NAME", help="the kubeconfig context to use (default: its current one)"
+    )
+
+
+def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
+    """A client for the cluster the flags of `add_cluster_flags` name, and the namespace to look in."""
+    from colocgrpo_operator.controller.kube import KubeApi
+
+    api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", context=args.context, pool_size=1)
+    return api, args.namespace or api.credentials.namespace or "default"
 
 
 def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str | None:

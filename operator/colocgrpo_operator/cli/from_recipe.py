@@ -1,8 +1,9 @@
 """`colocgrpo from-recipe RECIPE.yaml`: convert a TRL/open-r1 GRPO recipe into a ColocGRPOJob.
 
-The job goes to stdout (or -o FILE) with the translation notes as YAML comments; the
-notes also go to stderr. Exit 0 when every key found a home; exit 1 when something
-could not be translated (it is listed, never silently dropped) or the job is invalid.
+The job goes to stdout (or --output-file FILE) with the translation notes as YAML comments
+(`-o json`: the job as JSON, without them); the notes also go to stderr. Exit 0 when every key
+found a home; exit 1 when something could not be translated (it is listed, never silently
+dropped) or the job is invalid.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--tp", type=int, help="vLLM tensor-parallel size (default: the recipe's vllm_tensor_parallel_size, else 1)"
     )
-    parser.add_argument("-o", "--output", help="write the job here instead of stdout")
+    parser.add_argument(
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="yaml (default, notes as comments) or json"
+    )
+    parser.add_argument("--output-file", metavar="FILE", help="write the job here instead of stdout")
     parser.set_defaults(func=run)
 
 
@@ -89,9 +93,14 @@ def run(args: argparse.Namespace) -> int:
         for line in error.lines():
             print(f"invalid job: {line}", file=sys.stderr)
         status = 1
-    output = render_job_yaml(job, report.notes, report.untranslatable)
-    if args.output:
-        Path(args.output).write_text(output)
+    if args.output == "json":
+        from colocgrpo_operator.cli.output import format_object
+
+        output = format_object(job, "json")
+    else:
+        output = render_job_yaml(job, report.notes, report.untranslatable)
+    if args.output_file:
+        Path(args.output_file).write_text(output)
     else:
         sys.stdout.write(output)
     return status

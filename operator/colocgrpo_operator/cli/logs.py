@@ -2,6 +2,9 @@
 
 Rank N's pod is the pod of completion index N of the job's current batch Job (label
 batch.kubernetes.io/job-completion-index), the newest one if a gang restart left several.
+
+Exit status: 0 the log was printed, 1 no such job or no pod of that rank yet, or the cluster
+unusable (as kubectl), 2 a usage error.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
+from colocgrpo_operator.cli.cluster_errors import EXIT_NOT_FOUND, add_cluster_flags, connect, reports_cluster_errors
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,11 +25,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("name", help="the ColocGRPOJob's metadata.name")
     parser.add_argument("--rank", type=int, default=0, help="node rank = completion index (default 0)")
-    parser.add_argument("--namespace", "-n", default=None)
-    parser.add_argument("--follow", "-f", action="store_true")
+    add_cluster_flags(parser)
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing as the log grows")
     parser.add_argument("--tail", type=int, default=None, help="only the last N lines")
     parser.add_argument("--previous", action="store_true", help="the previous container instance")
-    parser.add_argument("--kubeconfig", default=None)
     parser.set_defaults(func=run)
 
 
@@ -47,10 +49,9 @@ def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
 @reports_cluster_errors
 def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.api import COMPLETION_INDEX_KEY, JOB_NAME_LABEL
-    from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
+    from colocgrpo_operator.controller.kube import KubeApiError
 
-    api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", pool_size=1)
-    namespace = args.namespace or api.credentials.namespace or "default"
+    api, namespace = connect(args)
     listing = api.request(
         "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"{JOB_NAME_LABEL}={args.name}"}
     )
@@ -60,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
         ranks = sorted({(p.get("metadata") or {}).get("labels", {}).get(COMPLETION_INDEX_KEY) for p in pods} - {None})
         if not pods and not _job_exists(api, namespace, args.name):
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
-            return 2
+            return EXIT_NOT_FOUND
         hint = f" (ranks with pods: {', '.join(ranks)})" if ranks else " (the job has no pods yet)"
         print(f"error: no pod of rank {args.rank} for job {namespace}/{args.name}{hint}", file=sys.stderr)
-        return 2
+        return EXIT_NOT_FOUND
     name = pod["metadata"]["name"]
     query = {"container": "trainer", "follow": str(args.follow).lower(), "previous": str(args.previous).lower()}
     if args.tail is not None:

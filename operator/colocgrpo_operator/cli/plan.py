@@ -7,10 +7,11 @@ Exit codes: 0 the job fits, 1 it cannot fit (the output names the term and how m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from colocgrpo_operator.cli.output import add_output_flag, format_object
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="memory per GPU in GiB (default: the job's colocgrpo.io/gpu-memory-gib annotation, else 139.8 = H200)",
     )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_output_flag(parser, "the plan")
     parser.set_defaults(func=run)
 
 
@@ -110,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     except PlanInputError as error:
         print(f"error: {error.field}: {error.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+    if args.output:
+        sys.stdout.write(format_object(plan.to_dict(), args.output))
     else:
         try:
             _print_rich(plan)

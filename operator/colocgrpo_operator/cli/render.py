@@ -1,7 +1,8 @@
 """`colocgrpo render -f FILE`: the Kubernetes objects the operator would create, as multi-document YAML.
 
 Offline and pure: nothing is sent to a cluster. Invalid jobs exit 1 with the same
-field-named lines as `colocgrpo validate`.
+field-named lines as `colocgrpo validate`. `-o json` prints the objects as one `v1 List`;
+either form is what `kubectl apply -f` reads.
 """
 
 from __future__ import annotations
@@ -24,10 +25,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--trainer-image", help="default trainer image when spec.image is unset (as the operator's flag)"
     )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("json", "yaml"),
+        default="yaml",
+        help="yaml: one document per object (default); json: one v1 List",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from colocgrpo_operator.cli.output import as_list, format_object
     from colocgrpo_operator.manifest_files import dump_documents, read_jobs
     from colocgrpo_operator.render import render_children
 
@@ -37,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 1
     objects = [obj for _label, job in jobs for obj in render_children(job, default_image=args.trainer_image)]
-    sys.stdout.write(dump_documents(objects))
+    sys.stdout.write(format_object(as_list(objects), "json") if args.output == "json" else dump_documents(objects))
     return 0

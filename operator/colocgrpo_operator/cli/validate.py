@@ -1,13 +1,18 @@
 """`colocgrpo validate -f FILE`: check ColocGRPOJob manifests offline.
 
 Exit 0 when every job is valid; exit 1 with one line per problem, each naming the
-field path (e.g. `spec.vllm.tensorParallelSize: must divide ...`).
+field path (e.g. `spec.vllm.tensorParallelSize: must divide ...`). `-o json|yaml` prints the
+valid jobs as the API model reads them, every default filled in (one job as itself, several
+as one `v1 List`) instead of a line per job.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from colocgrpo_operator.cli.output import add_output_flag, as_list, format_object
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "-f", "--filename", required=True, action="append", help="YAML file ('-' for stdin); repeatable"
     )
+    add_output_flag(parser, "the valid jobs, defaults filled in,")
     parser.set_defaults(func=run)
 
 
@@ -27,11 +33,17 @@ def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.manifest_files import read_jobs
 
     failed = False
+    valid: list[dict[str, Any]] = []
     for path in args.filename:
         jobs, problems = read_jobs(path)
         for line in problems:
             print(line, file=sys.stderr)
         failed = failed or bool(problems)
         for label, job in jobs:
-            print(f"{label}: ColocGRPOJob {job.name} is valid")
+            if args.output:
+                valid.append(job.to_dict())
+            else:
+                print(f"{label}: ColocGRPOJob {job.name} is valid")
+    if args.output and valid:
+        sys.stdout.write(format_object(valid[0] if len(valid) == 1 else as_list(valid), args.output))
     return 1 if failed else 0

@@ -1,6 +1,9 @@
 """`colocgrpo watch NAME`: a live view of one job until it finishes.
 
-Exit status: 0 Succeeded, 1 Failed, 2 job not found / bad arguments, 3 --timeout passed.
+Exit status: 0 Succeeded, 1 Failed, deleted, not found or the cluster unusable (as kubectl), 2 a usage
+error, 3 --timeout passed. With --once: the job as it stands now, exit 0 (1 when not found).
+`-o json|yaml` prints the ColocGRPOJob object instead of the view: once with --once, else once
+per change (JSON one object after another, YAML one document each).
 Uses a watch stream on the one object (field-selected by name), not polling.
 """
 
@@ -14,7 +17,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from colocgrpo_operator.cli.cluster_errors import reports_cluster_errors
+from colocgrpo_operator.cli.cluster_errors import EXIT_NOT_FOUND, add_cluster_flags, connect, reports_cluster_errors
+from colocgrpo_operator.cli.output import add_output_flag, format_object
 
 TERMINAL = {"Succeeded": 0, "Failed": 1}
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
@@ -63,10 +67,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", help="the ColocGRPOJob's metadata.name")
-    parser.add_argument("--namespace", "-n", default=None, help="default: the kubeconfig context's namespace")
-    parser.add_argument("--kubeconfig", default=None)
+    add_cluster_flags(parser)
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 3)")
     parser.add_argument("--plain", action="store_true", help="one line per change instead of a live panel")
+    parser.add_argument("--once", action="store_true", help="show the job as it stands now and exit 0")
+    add_output_flag(parser, "the ColocGRPOJob object (once per change without --once)")
     parser.set_defaults(func=run)
 
 
@@ -152,10 +157,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from colocgrpo_operator.controller.kube import KIND, KubeApi, KubeApiError, object_path
+    from colocgrpo_operator.controller.kube import KIND, KubeApiError, object_path
 
-    api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", pool_size=1)
-    namespace = args.namespace or api.credentials.namespace or "default"
+    api, namespace = connect(args)
     console = Console(stderr=False)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     try:
@@ -163,20 +167,33 @@ def run(args: argparse.Namespace) -> int:
     except KubeApiError as error:
         if error.status == 404:
             print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
-            return 2
+            api.close()
+            return EXIT_NOT_FOUND
         raise
+    if args.once:
+        api.close()
+        if args.output:
+            sys.stdout.write(format_object(obj, args.output))
+        elif args.plain:
+            print(_plain_line(obj))
+        else:
+            console.print(render_view(obj))
+        return 0
 
     def finished(current: dict[str, Any]) -> int | None:
         return TERMINAL.get((current.get("status") or {}).get("phase", ""))
 
-    live = (
-        None if args.plain or not console.is_terminal else Live(render_view(obj), console=console, refresh_per_second=4)
-    )
+    plain = args.plain or args.output is not None or not console.is_terminal
+    live = None if plain else Live(render_view(obj), console=console, refresh_per_second=4)
     last_line = None
 
     def show(current: dict[str, Any]) -> None:
         nonlocal last_line
-        if live is not None:
+        if args.output:
+            # YAML: one document per change, each opened by `---`; JSON: one object after another.
+            sys.stdout.write(("---\n" if args.output == "yaml" else "") + format_object(current, args.output))
+            sys.stdout.flush()
+        elif live is not None:
             live.update(render_view(current))
         else:
             line = _plain_line(current)
@@ -214,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     if code is None:
         print(f"timed out after {args.timeout:g}s; phase {(obj.get('status') or {}).get('phase')}", file=sys.stderr)
         return 3
-    if live is None and not args.plain:
+    if live is None and not args.plain and not args.output:
         console.print(render_view(obj))
     return code
 

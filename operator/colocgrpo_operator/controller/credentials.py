@@ -237,20 +237,25 @@ def _temporary_pem(stack: contextlib.ExitStack, pem: str) -> str:
 
 
 def load_credentials(
-    kubeconfig: str | None = None, environ: Mapping[str, str] = os.environ, service_account_dir: Path | None = None
+    kubeconfig: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    service_account_dir: Path | None = None,
+    context: str | None = None,
 ) -> Credentials:
-    """In-cluster credentials when running in a pod (and no kubeconfig is named), else the
-    kubeconfig: `kubeconfig`, $KUBECONFIG (several files joined by ':'), ~/.kube/config."""
+    """In-cluster credentials when running in a pod (and neither a kubeconfig nor a context is
+    named), else the kubeconfig: `kubeconfig`, $KUBECONFIG (several files joined by ':'),
+    ~/.kube/config; its `context`, or its current context when None (kubectl's --context)."""
     service_account_dir = service_account_dir or SERVICE_ACCOUNT_DIR
     kubeconfig = kubeconfig or environ.get("KUBECONFIG") or None
-    if not kubeconfig and environ.get("KUBERNETES_SERVICE_HOST") and (service_account_dir / "token").is_file():
+    in_a_pod = environ.get("KUBERNETES_SERVICE_HOST") and (service_account_dir / "token").is_file()
+    if not kubeconfig and not context and in_a_pod:
         return in_cluster_credentials(environ, service_account_dir)
     if not kubeconfig:
         default = Path(environ.get("HOME") or "~").expanduser() / ".kube" / "config"
         if not default.is_file():
             raise CredentialsError("no kubeconfig (pass --kubeconfig or set KUBECONFIG) and not running in a pod")
         kubeconfig = str(default)
-    return kubeconfig_credentials(kubeconfig)
+    return kubeconfig_credentials(kubeconfig, context)
 
 
 def in_cluster_credentials(
@@ -311,9 +316,9 @@ def _string(value: Any, where: str) -> str | None:
     return value
 
 
-def kubeconfig_credentials(kubeconfig: str) -> Credentials:
-    """The current context of a kubeconfig (or of several merged, first definition wins;
-    relative file paths are relative to the file that names them, as kubectl reads them)."""
+def kubeconfig_credentials(kubeconfig: str, context: str | None = None) -> Credentials:
+    """A context of a kubeconfig (or of several merged, first definition wins): `context`, else the
+    current one. Relative file paths are relative to the file that names them, as kubectl reads them."""
     paths = [Path(p).expanduser() for p in kubeconfig.split(os.pathsep) if p.strip()]
     current: str | None = None
     named: dict[str, dict[str, tuple[dict[str, Any], Path]]] = {section: {} for section in _SECTIONS}
@@ -331,17 +336,21 @@ def kubeconfig_credentials(kubeconfig: str) -> Credentials:
             raise CredentialsError(f"kubeconfig {path} is not a kubeconfig (a YAML mapping)")
         current = current or _string(config.get("current-context"), f"kubeconfig {path}: current-context")
         _named_entries(config, path, named)
+    if context:
+        if context not in named["contexts"]:
+            raise CredentialsError(f"kubeconfig {kubeconfig}: no context {context!r} (--context)")
+        current = context
     if not current or current not in named["contexts"]:
         raise CredentialsError(f"kubeconfig {kubeconfig}: no current context" + (f" {current!r}" if current else ""))
-    context, _ = named["contexts"][current]
-    cluster_name = _string(context.get("cluster"), f"kubeconfig {kubeconfig}: context {current!r}: cluster")
+    context_entry, _ = named["contexts"][current]
+    cluster_name = _string(context_entry.get("cluster"), f"kubeconfig {kubeconfig}: context {current!r}: cluster")
     if cluster_name is None:
         raise CredentialsError(f"kubeconfig {kubeconfig}: context {current!r} names no cluster")
     if cluster_name not in named["clusters"]:
         raise CredentialsError(
             f"kubeconfig {kubeconfig}: context {current!r} names cluster {cluster_name!r}, not defined"
         )
-    user_name = _string(context.get("user"), f"kubeconfig {kubeconfig}: context {current!r}: user")
+    user_name = _string(context_entry.get("user"), f"kubeconfig {kubeconfig}: context {current!r}: user")
     cluster, cluster_dir = named["clusters"][cluster_name]
     if user_name is not None and user_name not in named["users"]:
         raise CredentialsError(f"kubeconfig {kubeconfig}: context {current!r} names user {user_name!r}, not defined")
@@ -381,7 +390,7 @@ def kubeconfig_credentials(kubeconfig: str) -> Credentials:
         token=_string(user.get("token"), f"{in_user}: token"),
         token_file=file("tokenFile", user, user_dir, in_user),
         exec_plugin=_exec_plugin(user.get("exec"), user_name or "", user_dir, cluster, in_user),
-        namespace=_string(context.get("namespace"), f"kubeconfig {kubeconfig}: context {current!r}: namespace"),
+        namespace=_string(context_entry.get("namespace"), f"kubeconfig {kubeconfig}: context {current!r}: namespace"),
         proxy_url=_string(cluster.get("proxy-url"), f"{in_cluster}: proxy-url"),
         source=kubeconfig,
     )

@@ -138,9 +138,12 @@ class KubeApi:
         self.server = credentials.server.rstrip("/")
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None, field_manager: str, **options: Any) -> KubeApi:
-        """For tools and tests: that kubeconfig (or in-cluster / $KUBECONFIG when None)."""
-        return cls(load_credentials(str(kubeconfig) if kubeconfig else None), field_manager, **options)
+    def from_kubeconfig(
+        cls, kubeconfig: str | None, field_manager: str, context: str | None = None, **options: Any
+    ) -> KubeApi:
+        """For tools and tests: that kubeconfig (or in-cluster / $KUBECONFIG when None), at its
+        `context` (its current one when None)."""
+        return cls(load_credentials(str(kubeconfig) if kubeconfig else None, context=context), field_manager, **options)
 
     def close(self) -> None:
         """Close the pooled connections (a later request opens new ones)."""
