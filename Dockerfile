@@ -25,8 +25,9 @@ COPY training/ training/
 # pyproject.toml (the `operator` extra), hence no pins on this line.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[operator]" \
-    && python -c "import colocgrpo_operator, kopf, kubernetes" \
-    && ! python -c "import torch" 2>/dev/null
+    && python -c "import colocgrpo_operator, kopf, urllib3" \
+    && ! python -c "import torch" 2>/dev/null \
+    && ! python -c "import kubernetes" 2>/dev/null
 
 # --- runtime -------------------------------------------------------------------------------------------
 FROM python:3.11-slim

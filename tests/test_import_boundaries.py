@@ -1,14 +1,18 @@
-"""The operator side never imports torch, vllm, trl, transformers or deepspeed.
+"""The operator side never imports torch, vllm, trl, transformers or deepspeed, and every third-party import
+of each package is declared in the extra that installs the code importing it (pyproject.toml).
 
-Runs in a fresh interpreter so nothing imported by other tests can hide a violation.
+The imports run in a fresh interpreter so nothing imported by other tests can hide a violation.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,3 +51,109 @@ def test_operator_modules_import_no_ml_stack():
     )
     assert report["failed"] == {}
     assert report["heavy"] == []
+
+
+# --- every third-party import declared where it runs ------------------------------------------------
+
+# An import name that is not its distribution's name (the rest match once normalized).
+DISTRIBUTION_OF = {"yaml": "pyyaml"}
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _extras() -> dict[str, set[str]]:
+    """Each extra's distributions (base dependencies under ""), self-references (`colocgrpo[operator]`) resolved."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    raw = {"": project["dependencies"], **project["optional-dependencies"]}
+
+    def resolve(extra: str) -> set[str]:
+        names: set[str] = set()
+        for line in raw[extra]:
+            requirement = Requirement(line)
+            if _normalize(requirement.name) == "colocgrpo":
+                for inner in requirement.extras:
+                    names |= resolve(inner)
+            else:
+                names.add(_normalize(requirement.name))
+        return names
+
+    return {extra: resolve(extra) | (resolve("") if extra else set()) for extra in raw}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """The top-level names of every absolute import in the file, functions' imports included, minus the
+    standard library and the project's own packages."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"__future__", "colocgrpo_operator", "colocgrpo_training"}
+
+
+def _operator_light_trainer_modules() -> list[Path]:
+    """The files of colocgrpo_training that the operator package imports (the config contract, the planner)."""
+    probe = (
+        "import importlib, pkgutil, sys, colocgrpo_operator\n"
+        "for info in pkgutil.walk_packages(colocgrpo_operator.__path__, 'colocgrpo_operator.'):\n"
+        "    if not info.name.endswith('__main__'):\n"
+        "        importlib.import_module(info.name)\n"
+        "print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.startswith('colocgrpo_training')))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [Path(line) for line in result.stdout.split()]
+
+
+def _where_it_runs(path: Path) -> str:
+    """The extra whose install runs this file: the developer tools (the local cluster, the demo) come with
+    `dev`, the rest of the operator package with `operator`, the trainer with `trainer` plus `gpu`."""
+    relative = path.relative_to(REPO).as_posix()
+    if relative.startswith("operator/colocgrpo_operator/devcluster/") or relative in (
+        "operator/colocgrpo_operator/cli/demo.py",
+        "operator/colocgrpo_operator/cli/dev.py",
+    ):
+        return "dev"
+    if relative.startswith("operator/"):
+        return "operator"
+    return "trainer"
+
+
+def test_every_third_party_import_is_declared_in_its_extra():
+    extras = _extras()
+    extras["trainer"] |= extras["gpu"]  # vLLM and DeepSpeed: imported only where a GPU pod has them
+    missing = {}
+    for path in sorted([*(REPO / "operator").rglob("*.py"), *(REPO / "training" / "colocgrpo_training").rglob("*.py")]):
+        declared = extras[_where_it_runs(path)]
+        undeclared = {
+            name for name in _third_party_imports(path) if _normalize(DISTRIBUTION_OF.get(name, name)) not in declared
+        }
+        if undeclared:
+            missing[str(path.relative_to(REPO))] = sorted(undeclared)
+    assert missing == {}, f"imports missing from the extra that runs them: {missing}"
+
+
+def test_the_trainer_modules_the_operator_imports_need_only_the_operator_extra():
+    declared = _extras()["operator"]
+    light = _operator_light_trainer_modules()
+    assert any(path.name == "config.py" for path in light), light
+    missing = {
+        str(path): sorted(
+            n for n in _third_party_imports(path) if _normalize(DISTRIBUTION_OF.get(n, n)) not in declared
+        )
+        for path in light
+    }
+    assert {path: names for path, names in missing.items() if names} == {}
+
+
+def test_the_official_kubernetes_client_is_declared_only_where_imported():
+    extras = _extras()
+    assert "kubernetes" not in extras["operator"]  # the operator's own client (controller/kube.py)
+    assert "kubernetes" in extras["trainer"] and "kubernetes" in extras["dev"]
+    assert "urllib3" in extras["operator"]

@@ -93,12 +93,12 @@ def test_trainer_pins_agree_with_the_cpu_test_set():
         assert image.get(name) == version, f"{name}: trainer image {image.get(name)}, CPU test set {version}"
 
 
-def test_trainer_pins_fall_in_the_trainer_extra():
+def test_trainer_pins_fall_in_the_trainer_and_gpu_extras():
     from packaging.requirements import Requirement
 
     image = lock.read_pins(lock.CONSTRAINTS)
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
-    for line in extra:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for line in extras["trainer"] + extras["gpu"]:
         requirement = Requirement(line)
         name = lock.normalize(requirement.name)
         assert name in image, f"the trainer extra needs {name}, the image lacks it"
@@ -167,7 +167,8 @@ def test_trainer_pins_resolve_for_linux_x86_64_cpython_312():
 @pytest.mark.slow
 def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp_path):
     """The operator Dockerfile's build stage, run here: copy exactly what it COPYs, install `.[operator]` into a
-    fresh venv, and check the entrypoint starts and the ML stack is absent."""
+    fresh venv, and check the entrypoint and the user's commands start, and the ML stack and the official
+    Kubernetes client are absent."""
     import shutil
     import venv
 
@@ -203,9 +204,14 @@ def test_operator_image_build_steps_install_a_working_operator_without_torch(tmp
         check=True,
     ).stdout
     assert "--liveness-port" in help_text and "--trainer-image" in help_text
+    for command in ("colocgrpo", "kubectl-colocgrpo"):
+        user_help = subprocess.run(
+            [str(env_dir / "bin" / command), "--help"], capture_output=True, text=True, env=clean_env, check=True
+        ).stdout
+        assert "watch" in user_help and "validate" in user_help
     probe = (
         "import importlib.util as u; "
-        "print([m for m in ('torch','vllm','trl','transformers','deepspeed') if u.find_spec(m)])"
+        "print([m for m in ('torch','vllm','trl','transformers','deepspeed','kubernetes') if u.find_spec(m)])"
     )
     found = subprocess.run(
         [str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=clean_env, check=True
