@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     result["deepspeed_config"] = ds_config
     start = time.perf_counter()
     torch.manual_seed(0)
-    with torch.device("cuda"):  # as bench/grpo/model.make_large_model; DeepSpeed partitions it below
+    with torch.device("cuda"):  # as bench/grpo/model.make_model; DeepSpeed partitions it below
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = deepspeed.initialize(

@@ -13,7 +13,9 @@ from bench.machine_job import machine_job
 DEFAULT_CONTENDERS = "trl-sleep,ours-auto,trl-nosleep,ours-auto-offload,ours-off,ours-level2"
 # At the large size sleeping is what lets both fit: the target is the sleep-on pair.
 DEFAULT_LARGE_CONTENDERS = "trl-sleep,ours-auto,ours-level1,trl-nosleep"
-CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level2", "ours-auto")
+# At the seed size a contender takes minutes: the pair against TRL's best recipe.
+DEFAULT_SEED_CONTENDERS = "ours-auto,trl-best"
+CONTENDERS = ("trl-sleep", "trl-nosleep", "trl-best", "ours-off", "ours-level1", "ours-level2", "ours-auto")
 
 
 # The DeepSpeed file a contender trains under (`contender@plain` / `contender@product` picks
@@ -22,6 +24,14 @@ CONTENDERS = ("trl-sleep", "trl-nosleep", "ours-off", "ours-level1", "ours-level
 # one-GPU job (colocgrpo_operator.render), which is how our trainer runs in a pod. `none` is no
 # DeepSpeed at all: plain `accelerate launch`, the bf16 model, the trainer's default torch AdamW
 # (`trl-sleep@none`: TRL as its quickstart runs it, the reference beside TRL under ZeRO-3).
+#
+# `trl-best` is TRL's best configuration of the same recipe: TRL's own GRPOTrainer with sleep on, fp32 master
+# weights under ZeRO-3, the micro-batch merged as ours-auto merges it in the same run (what a TRL user gets by
+# setting per_device_train_batch_size and gradient_accumulation_steps so), at the highest vLLM utilization that
+# fits beside its training state. Its DeepSpeed file is the operator's (`product`), the faster of the two for TRL
+# by median over the 7.18B series; `trl-best@plain` runs it under TRL's documented file, and a run of both lets
+# bench.pair_table take the faster. Without DeepSpeed it would be another numeric recipe (bf16 weights and
+# optimizer state): `trl-best@none` does not exist, `trl-sleep@none` is the reference.
 DEEPSPEED_FILES = ("plain", "product", "none")
 
 
@@ -30,18 +40,33 @@ def check_contender(name: str) -> str:
     base = trainer.removesuffix("-offload")
     if base not in CONTENDERS or (trainer.endswith("-offload") and not base.startswith("ours-")):
         raise argparse.ArgumentTypeError(
-            f"unknown contender {name!r}: trl-sleep, trl-nosleep, ours-<off|level1|level2|auto>[-offload], "
-            f"each optionally @plain, @product or @none"
+            f"unknown contender {name!r}: trl-sleep, trl-nosleep, trl-best, ours-<off|level1|level2|auto>[-offload], "
+            f"each optionally @plain, @product or @none (trl-best: @plain or @product)"
         )
     if deepspeed and deepspeed not in DEEPSPEED_FILES:
         raise argparse.ArgumentTypeError(f"unknown DeepSpeed file {deepspeed!r} in {name!r}: @plain, @product or @none")
+    if trainer == "trl-best" and deepspeed == "none":
+        raise argparse.ArgumentTypeError("trl-best trains with fp32 master weights under ZeRO-3: @plain or @product")
     return name
 
 
 def deepspeed_choice(contender: str) -> str:
-    """`plain` for TRL, `product` for ours, unless the name says otherwise."""
+    """`plain` for TRL, `product` for ours and trl-best, unless the name says otherwise."""
     trainer, _, deepspeed = contender.partition("@")
-    return deepspeed or ("product" if trainer.startswith("ours-") else "plain")
+    return deepspeed or ("product" if trainer.startswith("ours-") or trainer == "trl-best" else "plain")
+
+
+def fp32_master_weights(contender: str) -> bool:
+    """Whether a contender trains with fp32 master weights and optimizer state: every one under DeepSpeed (bf16
+    mixed precision under ZeRO-3); without it (`@none`) the model and torch AdamW's state are bf16."""
+    return deepspeed_choice(contender) != "none"
+
+
+def merges_micro_batches(contender: str) -> bool:
+    """Whether a contender runs the micro-batch merge: ours (the trainer's own) and trl-best (the same one,
+    applied to TRL's configuration as its user would)."""
+    trainer = contender.partition("@")[0]
+    return trainer.startswith("ours-") or trainer == "trl-best"
 
 
 PLAIN_DEEPSPEED = {
@@ -80,8 +105,9 @@ def grpo_kwargs(
     num_processes: int = 1,
     tensor_parallel_size: int = 1,
 ):
-    """The GRPOConfig arguments of one contender (identical for all but the sleep switch). The
-    size's per-device batch is the step's micro-batch on one GPU: `num_processes` share it."""
+    """The GRPOConfig arguments of one contender (identical for all but the sleep switch), before any
+    micro-batch merge. The size's per-device batch is the step's micro-batch on one GPU: `num_processes` share
+    it. A size with `full_length` has vLLM ignore the end-of-sequence token (every completion is full length)."""
     util = util if util is not None else config["gpu_memory_utilization"]
     return dict(
         output_dir=str(out / "trainer"),
@@ -91,6 +117,9 @@ def grpo_kwargs(
         gradient_accumulation_steps=config["gradient_accumulation_steps"],
         steps_per_generation=config["steps_per_generation"],
         learning_rate=config["learning_rate"],
+        temperature=config.get("temperature", 1.0),  # 1.0: TRL's default
+        # A random model could still sample the end-of-sequence token: `full_length` rules it out.
+        generation_kwargs={"ignore_eos": True} if config.get("full_length") else None,
         max_steps=steps,
         beta=0.0,
         bf16=not cpu,
@@ -103,7 +132,7 @@ def grpo_kwargs(
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=util,
         vllm_max_model_length=config["max_model_len"],
-        vllm_enable_sleep_mode=contender.partition("@")[0] == "trl-sleep",
+        vllm_enable_sleep_mode=contender.partition("@")[0] in ("trl-sleep", "trl-best"),
         vllm_tensor_parallel_size=tensor_parallel_size,
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
         # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process);
@@ -119,3 +148,48 @@ def pair_order(pair: list[str], index: int) -> list[str]:
     in three runs."""
     shift = index % len(pair)
     return list(pair[shift:]) + list(pair[:shift])
+
+
+def ours_utilization(
+    contender: str,
+    config: dict,
+    model_path: str,
+    device_bytes: int,
+    num_processes: int = 1,
+    tensor_parallel_size: int = 1,
+) -> float | None:
+    """The vLLM utilization the memory plan recommends for one of our contenders as a job of this shape (its sleep
+    policy and trainer-state offload, the size's batch and lengths, the model's config.json, this card): the
+    KV cache for the whole generation batch with slack, within what the training state leaves. None for TRL's
+    contenders and where the planner finds no utilization that works."""
+    from colocgrpo_training.planner.plan import GIB, plan_from_spec
+
+    trainer = contender.partition("@")[0]
+    if not trainer.startswith("ours-"):
+        return None
+    spec = {
+        "model": {"name": model_path, "dtype": "bfloat16"},
+        "resources": {"nodes": 1, "gpusPerNode": num_processes},
+        "deepspeed": {"zeroStage": 3},
+        "vllm": {
+            "tensorParallelSize": tensor_parallel_size,
+            "gpuMemoryUtilization": 0.5,  # any: the recommendation does not depend on it
+            "sleepPolicy": trainer.removeprefix("ours-").removesuffix("-offload"),
+            "maxModelLen": config["max_model_len"],
+            "offloadTrainerState": trainer.endswith("-offload"),
+        },
+        "dataset": {"maxPromptTokens": config["prompt_tokens"]},
+        "trainerArgs": {
+            key: config[key]
+            for key in (
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "steps_per_generation",
+                "max_completion_length",
+                "num_generations",
+            )
+        }
+        | {"beta": 0.0},
+    }
+    spec["trainerArgs"]["per_device_train_batch_size"] //= num_processes
+    return plan_from_spec(spec, gpu_memory_gib=device_bytes / GIB).recommended_gpu_memory_utilization

@@ -40,13 +40,29 @@ def measure_machine() -> dict:
     }
 
 
-def floor_seconds(machine: dict, params: int, config: dict = CONFIG) -> dict:
-    """Per optimizer step: decode bytes ÷ HBM bandwidth + 6 · params · tokens ÷ bf16 FLOP/s."""
+def floor_seconds(machine: dict, params: int, config: dict = CONFIG, kv_bytes_per_token: int = 0) -> dict:
+    """Per optimizer step: decode bytes ÷ HBM bandwidth + 6 · params · tokens ÷ bf16 FLOP/s (no recompute).
+
+    Decode reads the bf16 weights once per token step of a generation; a size with `floor_kv` also counts the KV
+    cache each step reads (every sequence's context so far, `kv_bytes_per_token` each), which at 1,024-token
+    completions is about a fifth of the decode bytes. The short sizes' floor is the weights alone, as their
+    series were measured. Prefill is left out."""
     completions = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
-    tokens = completions * (PROMPT_TOKENS + config["max_completion_length"])
+    prompt, completion = config.get("prompt_tokens", PROMPT_TOKENS), config["max_completion_length"]
+    tokens = completions * (prompt + completion)
     # One generation serves steps_per_generation micro-batches, i.e. several optimizer steps.
     generations_per_step = config["gradient_accumulation_steps"] / config["steps_per_generation"]
-    decode_bytes = params * 2 * config["max_completion_length"] * generations_per_step
-    decode = decode_bytes / machine["hbm_bytes_per_s"]
+    weight_bytes = params * 2 * completion
+    kv_bytes = 0
+    if config.get("floor_kv"):
+        sequences = config["per_device_train_batch_size"] * config["steps_per_generation"]
+        # Token step t (0-based) reads the KV of prompt + t tokens of every sequence.
+        kv_bytes = sequences * kv_bytes_per_token * (completion * prompt + completion * (completion - 1) // 2)
+    decode = (weight_bytes + kv_bytes) * generations_per_step / machine["hbm_bytes_per_s"]
     train = 6 * params * tokens / machine["bf16_flop_per_s"]
-    return {"decode_s": decode, "train_s": train, "floor_s_per_step": decode + train}
+    return {
+        "decode_s": decode,
+        "decode_kv_s": kv_bytes * generations_per_step / machine["hbm_bytes_per_s"],
+        "train_s": train,
+        "floor_s_per_step": decode + train,
+    }

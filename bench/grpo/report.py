@@ -78,7 +78,8 @@ def write_report(
     run = run or {}
     shape = shape or {"num_processes": 1, "tensor_parallel_size": 1}
     params = next((r["params"] for r in results if "params" in r), 0)
-    floor = floor_seconds(machine, params, config) if machine.get("hbm_bytes_per_s") and params else {}
+    kv_bytes = (model or {}).get("kv_bytes_per_token", 0)
+    floor = floor_seconds(machine, params, config, kv_bytes) if machine.get("hbm_bytes_per_s") and params else {}
     summary = {
         "size": size,
         **shape,
@@ -128,6 +129,7 @@ def write_report(
             )
             + f" | {logp if logp is None else f'{logp:.4f}'} |"
         )
+    lines += engine_table([r for r in results if "median_s_per_step" in r])
     for r in results:
         for attempt in r.get("failed_attempts", []):
             lines.append(f"\n{r['contender']}: util {attempt['util']} {attempt['status']}")
@@ -141,10 +143,45 @@ def write_report(
         lines.append(
             f"\nfloor: {floor['floor_s_per_step']:.4f} s/step for {params / 1e9:.2f}B parameters "
             f"on {machine['device']} "
-            f"({machine['hbm_bytes_per_s'] / 1e12:.2f} TB/s, {machine['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s bf16)"
+            f"({machine['hbm_bytes_per_s'] / 1e12:.2f} TB/s, {machine['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s bf16): "
+            f"decode {floor['decode_s']:.4f} s (KV cache reads {floor.get('decode_kv_s', 0.0):.4f} s), "
+            f"training {floor['train_s']:.4f} s"
         )
     lines += [f"\nNOT MEASURED: {line}" for line in summary["incomplete"]]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def engine_table(results: list[dict]) -> list[str]:
+    """Per measured contender: the micro-batch it trained, its vLLM generate calls after the warm-up (median
+    seconds, sequences, prompt and completion lengths), the KV cache's capacity against what one generation
+    needs at those lengths, and the requests vLLM preempted ('?' where not readable)."""
+    if not results:
+        return []
+    lines = [
+        "",
+        "| contender | micro-batch | generate s per call (median) | sequences | prompt tokens | completion tokens "
+        "| KV cache tokens (one generation needs) | vLLM preemptions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def span(pair: list[int] | None) -> str:
+        return "?" if not pair else str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}–{pair[1]}"
+
+    for r in results:
+        rows, steps = r.get("micro_batch") or ["?", "?"]
+        prompts, completions = r.get("prompt_tokens_range"), r.get("completion_tokens_range")
+        sequences = r.get("sequences_per_generate")
+        needed = sequences * (prompts[1] + completions[1]) if sequences and prompts and completions else None
+        kv = r.get("kv_cache_tokens")
+        generate = r.get("generate_s_median")
+        preemptions = r.get("vllm_preemptions")
+        lines.append(
+            f"| {r['contender']} | {rows} x {steps} | {'?' if generate is None else f'{generate:.3f}'} "
+            f"| {sequences or '?'} | {span(prompts)} | {span(completions)} "
+            f"| {'?' if kv is None else f'{kv:,}'} ({'?' if needed is None else f'{needed:,}'}) "
+            f"| {'?' if preemptions is None else preemptions} |"
+        )
     return lines
 
 

@@ -14,16 +14,19 @@ from bench.child_process import install_stop_handlers, run_child
 from bench.grpo.contenders import (
     DEFAULT_CONTENDERS,
     DEFAULT_LARGE_CONTENDERS,
+    DEFAULT_SEED_CONTENDERS,
     PLAIN_DEEPSPEED,
     check_contender,
     deepspeed_file_key,
+    ours_utilization,
     pair_order,
     product_deepspeed,
 )
 from bench.grpo.floor import measure_machine
-from bench.grpo.model import DEFAULT_LARGE_MODEL_DIR, make_large_model
+from bench.grpo.model import make_model, model_dir
 from bench.grpo.report import host_info, incomplete, write_report
-from bench.grpo.sizes import MODEL, SIZES, util_ladder
+from bench.grpo.sizes import CONTENDER_TIMEOUT_S, MODEL, SIZES, util_ladder
+from bench.grpo.vllm_counters import logged_kv_cache_tokens
 from bench.grpo.worker import worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,16 +50,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--contenders",
         default=None,
         type=lambda v: [check_contender(c) for c in v.split(",") if c],
-        help=f"default: {DEFAULT_CONTENDERS} (small), {DEFAULT_LARGE_CONTENDERS} (large)",
+        help=f"default: {DEFAULT_CONTENDERS} (small), {DEFAULT_LARGE_CONTENDERS} (large), "
+        f"{DEFAULT_SEED_CONTENDERS} (seed)",
     )
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument(
-        "--model-dir", type=Path, default=Path(DEFAULT_LARGE_MODEL_DIR), help="where the large model is made"
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="where the size's model is made (default: /tmp/models/random-large, /tmp/models/random-seed)",
     )
     parser.add_argument(
         "--util-ladder",
         default=None,
-        help="large size: utilizations to try, highest first (default: from the memory plan)",
+        help="large and seed sizes: utilizations to try, highest first, for every contender (default: what the "
+        "training state leaves, ours at the seed size from the memory plan)",
     )
     parser.add_argument(
         "--pair",
@@ -87,7 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=None)
     parser.add_argument("--measured-steps", type=int, default=None)
     parser.add_argument("--budget-seconds", type=float, default=480.0, help="start no contender past this")
-    parser.add_argument("--contender-timeout", type=float, default=200.0)
+    parser.add_argument(
+        "--contender-timeout", type=float, default=None, help="seconds per contender (default: the size's, 200 or 330)"
+    )
     parser.add_argument("--cpu", action="store_true", help="CPU dry run of the plumbing (a vLLM stand-in)")
     parser.add_argument("--num-processes", type=int, default=1, help="training processes, one per GPU")
     parser.add_argument("--tp", type=int, default=1, help="vLLM tensor-parallel size (must divide --num-processes)")
@@ -127,7 +137,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error("--pair-index must be >= 0")
         args.contenders = pair_order(args.pair, args.pair_index)
     if args.contenders is None:
-        args.contenders = (DEFAULT_CONTENDERS if args.size == "small" else DEFAULT_LARGE_CONTENDERS).split(",")
+        defaults = {"small": DEFAULT_CONTENDERS, "seed": DEFAULT_SEED_CONTENDERS, "seed-cpu": DEFAULT_SEED_CONTENDERS}
+        args.contenders = defaults.get(args.size, DEFAULT_LARGE_CONTENDERS).split(",")
+    if args.contender_timeout is None:
+        args.contender_timeout = float(config.get("contender_timeout_s", CONTENDER_TIMEOUT_S))
     if args.generate_only < 0:
         parser.error("--generate-only must be >= 0")
     if args.warmup_steps < 0 or args.measured_steps < 1:
@@ -171,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.make_model:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "model.json").write_text(json.dumps(make_large_model(args.model_dir, MODEL)))
+        kind = SIZES[args.size].get("model", "large")
+        made = make_model(kind, args.model_dir or model_dir(kind, args.cpu), MODEL, cpu=args.cpu)
+        (out / "model.json").write_text(json.dumps(made))
         return 0
     return run_contenders(args, out)
 
@@ -197,28 +212,34 @@ def measure_in_child(out: Path, env: dict[str, str]) -> dict:
     return {"error": f"machine measurement failed (rc {code}, timed out {timed_out})"}
 
 
-def large_model(
+def size_model(
     args: argparse.Namespace, out: Path, env: dict[str, str], machine: dict
 ) -> tuple[dict, list[float | None]] | None:
-    """The large model, made (or found) in a child, and the utilizations to try, highest first; None
-    (after saying why) when either cannot be had."""
-    cmd = [sys.executable, "-m", "bench.grpo", "--out", str(out), "--make-model", "--model-dir", str(args.model_dir)]
+    """The size's model, made (or found) in a child, and the utilizations to try, highest first ([None]: the
+    size's own); None (after saying why) when either cannot be had."""
+    config = SIZES[args.size]
+    kind = config["model"]
+    folder = args.model_dir or model_dir(kind, args.cpu)
+    cmd = [sys.executable, "-m", "bench.grpo", "--out", str(out), "--make-model", "--size", args.size]
+    cmd += ["--model-dir", str(folder)] + (["--cpu"] if args.cpu else [])
     code, timed_out = run_child(cmd, env, out, 400)
     if code != 0 or not (out / "model.json").exists():
         print(
-            f"[bench] making the large model failed (rc {code}, timed out {timed_out}):\n"
+            f"[bench] making the {kind} model failed (rc {code}, timed out {timed_out}):\n"
             + (out / "stderr.log").read_text(errors="replace")[-3000:],
             file=sys.stderr,
         )
         return None
     model_info = json.loads((out / "model.json").read_text())
     print(
-        f"[bench] large model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters "
+        f"[bench] {kind} model: {model_info['shape']}, {model_info['params'] / 1e9:.2f}B parameters "
         f"at {model_info['path']}",
         flush=True,
     )
     ladder: list[float | None]
-    if args.util_ladder:
+    if config["gpu_memory_utilization"] is not None:
+        ladder = [None]
+    elif args.util_ladder:
         ladder = [float(u) for u in args.util_ladder.split(",") if u]
     elif "total_bytes" in machine:
         ladder = list(util_ladder(machine["total_bytes"], model_info["params"]))
@@ -230,6 +251,24 @@ def large_model(
         return None
     model_info["util_ladder"] = ladder
     return model_info, ladder
+
+
+def contender_ladders(
+    args: argparse.Namespace, model_info: dict, machine: dict, ladder: list[float | None]
+) -> dict[str, list[float | None]]:
+    """Each contender's utilizations, highest first. At the seed size (unless --util-ladder) ours starts at the
+    memory plan's recommendation for its job, then the ladder below it; every other contender, and every one at
+    the other sizes, takes the ladder: the highest utilization that fits beside its training state first."""
+    ladders = {}
+    for contender in args.contenders:
+        planned = None
+        if SIZES[args.size].get("model") == "seed" and not args.util_ladder and "total_bytes" in machine:
+            planned = ours_utilization(
+                contender, SIZES[args.size], model_info["path"], machine["total_bytes"], args.num_processes, args.tp
+            )
+        below = [u for u in ladder if u is not None and planned is not None and u < planned]
+        ladders[contender] = ladder if planned is None else [planned, *below]
+    return ladders
 
 
 def write_deepspeed_files(args: argparse.Namespace, out: Path) -> dict[str, Path]:
@@ -318,11 +357,13 @@ def run_contenders(args: argparse.Namespace, out: Path) -> int:
     machine: dict = {} if args.cpu else measure_in_child(out, env)
     model_info: dict = {"path": MODEL}
     ladder: list[float | None] = [None]  # the size's fixed utilization
-    if args.size == "large":
-        made = large_model(args, out, env, machine)
+    if "model" in SIZES[args.size]:
+        made = size_model(args, out, env, machine)
         if made is None:
             return 2
         model_info, ladder = made
+    ladders = contender_ladders(args, model_info, machine, ladder)
+    model_info["utilizations"] = ladders
     deepspeed_files = write_deepspeed_files(args, out)
     results: list[dict] = []
     last_wall = 100.0  # a first guess of one contender's wall time, then the last one's
@@ -354,7 +395,7 @@ def run_contenders(args: argparse.Namespace, out: Path) -> int:
         result: dict = {"contender": contender, "status": "skipped (every utilization tried ran out of memory)"}
         # Highest utilization first, for every contender: one contender running out of memory says
         # nothing of another's training state, and must not lower the utilization it is measured at.
-        for util in ladder:
+        for util in ladders[contender]:
             elapsed = time.perf_counter() - began
             if elapsed + last_wall > args.budget_seconds:
                 result = {"contender": contender, "status": "skipped (time budget)"}
@@ -373,6 +414,9 @@ def run_contenders(args: argparse.Namespace, out: Path) -> int:
                 result["wall_s"] = wall
                 result["contender"] = contender  # the worker records it without its @file
                 result["deepspeed"] = deepspeed_file_key(contender)
+                result["kv_cache_tokens_logged"] = logged_kv_cache_tokens(work)
+                if result.get("kv_cache_tokens") is None:
+                    result["kv_cache_tokens"] = result["kv_cache_tokens_logged"]
                 measured = result.get("median_s_per_step", result.get("median_call_s"))
                 print(f"[bench] {contender}: {measured:.3f} s at util {util} ({wall:.0f} s wall)", flush=True)
                 break

@@ -10,8 +10,13 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench.grpo.contenders import grpo_kwargs
-from bench.grpo.sizes import MODEL, PROMPT_TOKENS, SIZES
+from bench.grpo.contenders import grpo_kwargs, merges_micro_batches
+from bench.grpo.prompts import exact_rows, question_rows
+from bench.grpo.sizes import MODEL, SIZES
+from bench.grpo.vllm_counters import GenerateRecorder, PreemptionCounter, kv_cache_tokens
+
+# Rows of the dataset at a size with exact prompts: enough distinct prompts for a run's steps.
+EXACT_ROWS = 64
 
 
 class PeakSampler:
@@ -104,16 +109,15 @@ def worker(
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOTrainer
-
-    rows = [
-        {"prompt": [{"role": "user", "content": f"What is {a} + {b}? Explain."}]}
-        for a in range(1, 30)
-        for b in range(1, 30)
-    ]
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer
 
     config = SIZES[size]
+    if config.get("exact_prompts"):
+        from transformers import AutoTokenizer
+
+        rows = exact_rows(AutoTokenizer.from_pretrained(model), config["prompt_tokens"], EXACT_ROWS)
+    else:
+        rows = question_rows()
     util = util if util is not None else config["gpu_memory_utilization"]
     grpo = grpo_kwargs(
         contender,
@@ -132,17 +136,14 @@ def worker(
 
     contender = contender.partition("@")[0]  # the DeepSpeed file was the launcher's business
     merge = None
-    if contender.startswith("trl-"):
-        # TRL as its users configure it: the micro-batch as given.
-        trainer = GRPOTrainer(
-            model=model, reward_funcs=[reward], args=GRPOConfig(**grpo), train_dataset=Dataset.from_list(rows)
-        )
-    else:
+    policy = "auto" if contender == "trl-best" else contender.removeprefix("ours-").removesuffix("-offload")
+    settings = None
+    if merges_micro_batches(contender):
         from colocgrpo_training.config import VLLMSettings
-        from colocgrpo_training.generation import ColocGRPOTrainer
         from colocgrpo_training.micro_batching import merge_micro_batches
 
-        policy = contender.removeprefix("ours-").removesuffix("-offload")
+        # ours-auto's settings for trl-best: its merge is the one ours-auto makes in the same run (with sleep on,
+        # the memory plan's training phase does not depend on vLLM's utilization).
         settings = VLLMSettings(
             tensor_parallel_size=tensor_parallel_size,
             sleep_policy=policy,
@@ -151,15 +152,23 @@ def worker(
             offload_trainer_state=contender.endswith("-offload"),
         )
         # A real job's micro-batch merge (grpo_args.build_grpo_config), on the same facts: this process's GPU,
-        # world size and DeepSpeed file; prompts of PROMPT_TOKENS, as a job's dataset.maxPromptTokens would say.
+        # world size and DeepSpeed file; the size's prompt length, as a job's dataset.maxPromptTokens would say.
         grpo, merge = merge_micro_batches(
             grpo,
             model=model,
             dtype=grpo["model_init_kwargs"]["dtype"],
             vllm=settings,
-            max_prompt_tokens=PROMPT_TOKENS,
+            max_prompt_tokens=config["prompt_tokens"],
         )
         print(f"[bench] {contender}: {merge.message()}", flush=True)
+    if contender.startswith("trl-"):
+        # TRL's own trainer: trl-sleep and trl-nosleep with the micro-batch its users set, trl-best merged.
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[reward], args=GRPOConfig(**grpo), train_dataset=Dataset.from_list(rows)
+        )
+    else:
+        from colocgrpo_training.generation import ColocGRPOTrainer
+
         extra: dict = {"defer_old_logps": defer_old_logps}
         if no_grad_tokens is not None:
             extra["no_grad_tokens"] = no_grad_tokens
@@ -234,6 +243,8 @@ def worker(
 
     trainer.add_callback(Timer())
     trl_timers = time_trl_vllm(trainer) if contender.startswith("trl-") and not cpu else None
+    engine = trainer.vllm_generation.llm
+    generates, preemptions = GenerateRecorder(engine), PreemptionCounter(engine)
     with PeakSampler() if cuda else nullcontext() as sampler:
         trainer.train()
     # Profiled steps carry the profiler's own overhead: left out of the statistics.
@@ -249,6 +260,8 @@ def worker(
         for e in log_entries
         if "sampling/sampling_logp_difference/mean" in e
     ]
+    # Generations in the warm-up steps: one per steps_per_generation micro-batches, as the run was merged.
+    per_generation = grpo["steps_per_generation"] // grpo["gradient_accumulation_steps"]
     result = {
         "contender": contender,
         "num_processes": num_processes,
@@ -267,6 +280,10 @@ def worker(
         "logp_diff": statistics.mean(logp_diffs) if logp_diffs else None,
         "params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainer.model.parameters()),
         "micro_batch_merge": merge.to_dict() if merge is not None else None,
+        "micro_batch": [grpo["per_device_train_batch_size"], grpo["gradient_accumulation_steps"]],
+        **generates.summary(skip=-(-warmup // max(1, per_generation))),
+        "vllm_preemptions": preemptions.count,
+        "kv_cache_tokens": kv_cache_tokens(engine),
         # --section-times: every section edge waited for the GPU, so these step times are not comparable
         "section_seconds": sections.summary(skip=warmup) if sections is not None else None,
         "section_steps": sections.steps if sections is not None else None,

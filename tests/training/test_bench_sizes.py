@@ -1,5 +1,5 @@
-"""bench/grpo's size plan: the large decoder's parameter count, which
-shape a card gets, the vLLM utilizations tried, and the floor's arithmetic."""
+"""bench/grpo's size plan: the large and seed decoders' parameter counts, which shape a card gets, the seed
+model the bench makes and its exact-length prompts, the vLLM utilizations tried, and the floor's arithmetic."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.trainer
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bench.grpo import contenders, floor, model, run, sizes  # noqa: E402 - after the skips
+from bench.grpo import contenders, floor, model, prompts, run, sizes  # noqa: E402 - after the skips
 
 GIB = 2**30
 
@@ -103,3 +103,51 @@ def test_several_processes_share_the_step_under_the_operators_render_for_their_s
     for bad in (["--num-processes", "4", "--tp", "3"], ["--num-processes", "3"]):
         with pytest.raises(SystemExit):
             run.parse_args(["--out", "/tmp/bench", *bad])
+
+
+@pytest.mark.parametrize("name", sorted(model.SEED_SHAPES))
+def test_the_seed_model_is_a_qwen2_decoder_of_the_counted_size(name, tiny_tokenizer):
+    shape = model.SEED_SHAPES[name]
+    config = model.seed_config(shape, tiny_tokenizer)
+    assert config.model_type == "qwen2" and config.tie_word_embeddings is False
+    assert config.eos_token_id == tiny_tokenizer.eos_token_id
+    with torch.device("meta"):
+        built = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(built).__name__ == "Qwen2ForCausalLM"
+    assert model.qwen2_params(shape, vocab=len(tiny_tokenizer)) == sum(p.numel() for p in built.parameters())
+    # vLLM's KV cache per token: keys and values of every KV head in every layer, bf16.
+    layer = built.model.layers[0].self_attn
+    assert model.kv_bytes_per_token(shape) == 2 * shape["num_hidden_layers"] * layer.k_proj.out_features * 2
+
+
+def test_the_seed_size_takes_the_7b_decoder_on_an_h200_and_the_tiny_one_on_cpu():
+    assert model.pick_seed_shape(int(139.8 * GIB)) == "7b"
+    assert model.pick_seed_shape(None) == "tiny"
+    with pytest.raises(SystemExit, match="does not fit"):
+        model.pick_seed_shape(int(79.6 * GIB))
+    state = model.qwen2_params(model.SEED_SHAPES["7b"]) * sizes.TRAINING_STATE_BYTES_PER_PARAM
+    assert 0.7 * 139.8 * GIB < state < 0.85 * 139.8 * GIB  # training state and vLLM compete for the card
+
+
+def test_the_bench_makes_the_seed_model_once(tmp_path, tiny_model_dir):
+    folder = tmp_path / "seed"
+    made = model.make_model("seed", folder, str(tiny_model_dir), cpu=True)
+    assert (made["kind"], made["shape"], made["architecture"]) == ("seed", "tiny", "Qwen2ForCausalLM")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert sum(p.numel() for p in loaded.parameters()) == made["params"]
+    assert transformers.AutoTokenizer.from_pretrained(folder).chat_template  # the prompts are chat-formatted
+    (folder / "model.safetensors").unlink()  # kept: a second call finds the marker and makes nothing
+    assert model.make_model("seed", folder, str(tiny_model_dir), cpu=True) == made
+
+
+@pytest.mark.parametrize("tokens", [48, 49, 64, 100])
+def test_exact_prompts_are_exactly_as_long_as_trl_tokenizes_them(tokens, tiny_tokenizer):
+    rows = prompts.exact_rows(tiny_tokenizer, tokens, 6)
+    assert len({r["prompt"][0]["content"] for r in rows}) == 6  # distinct questions, each padded
+    for row in rows:
+        ids = tiny_tokenizer.apply_chat_template(
+            conversation=[row["prompt"]], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"][0]
+        assert len(ids) == tokens
+    with pytest.raises(ValueError, match="more than"):
+        prompts.padded_content(tiny_tokenizer, "What is 1 + 1? Explain.", 5)
