@@ -8,11 +8,12 @@
 Every run is reported (no best-of): each TRL contender of a run forms one pair with that run's ours
 contender, and every pair is a row with its pair index and run order, machine, host CPU, GPU,
 commit, ours' and TRL's median s/step, their ratio and ours ÷ the floor printed in the same run.
-Then per TRL configuration (trl-sleep under plain ZeRO-3, under the one-GPU file, without
-DeepSpeed): the median ratio over its pairs with the min–max, overall and per machine. TRL's best
-configuration is the one of the two DeepSpeed ones (`@plain`, `@product`) with the lower median
-s/step over its pairs; `@none` (no DeepSpeed) is shown beside it as a reference. Last, the verdict
-on each target (`TARGETS`), overall and on every machine. A run that is incomplete (a
+Then per TRL configuration (the contender with its DeepSpeed file named: trl-sleep under plain ZeRO-3,
+under the one-GPU file, without DeepSpeed, trl-best ...): the median ratio over its pairs with the min–max,
+overall and per machine. TRL's best in a run is the fastest TRL contender measured in that run that trains
+with fp32 master weights (under DeepSpeed); `@none` (bf16 weights and optimizer state) is a reference, never
+the best. Last, the verdict on each target of the runs' size (`TARGETS`), overall and on every machine; runs of
+different sizes are tabulated apart. A run that is incomplete (a
 contender skipped, failed or timed out) is listed, and the pairs it did measure still count; the
 table then exits 1. Above the table a paragraph says the same figures in words, and below it a
 table of the machines: what each run recorded and measured about its machine, and the figures of
@@ -48,26 +49,49 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# TRL configurations that may be its denominator; `@none` is a reference only.
+# TRL's DeepSpeed files with fp32 master weights: the contenders that may be TRL's best; `@none` is a reference.
 DENOMINATOR_FILES = ("plain", "product")
+# The file a TRL contender trains under when its name gives none (bench/grpo/contenders.py).
+DEFAULT_FILES = {"trl-best": "product"}
 # What a GRPO step of ours runs: the trainer (a tree) and the module that renders its DeepSpeed and
 # accelerate files (a blob).
 MEASURED_CODE = ("training", "operator/colocgrpo_operator/render/launch_config.py")
 MEASURED_CODE_BEFORE_2E9977D = ("training", "operator/colocgrpo_operator/render")
-# The targets: (what, statistic, limit). `plain` is trl-sleep under plain ZeRO-3; `best` is
-# TRL's best measured DeepSpeed configuration; `floor` is ours ÷ the floor printed in the same run.
-TARGETS = (
-    ("ours ÷ trl-sleep@plain, median", "plain", "median", 0.50),
-    ("ours ÷ trl-sleep@plain, worst pair", "plain", "max", 0.60),
-    ("ours ÷ TRL's best, median", "best", "median", 0.70),
-    ("ours ÷ TRL's best, worst pair", "best", "max", 0.80),
-    ("ours ÷ floor, worst run", "floor", "max", 4.0),
-)
+# The targets per size: (what, against, statistic, limit). `plain` is trl-sleep under plain ZeRO-3; `best` is
+# TRL's best in each run (its fastest contender with fp32 master weights); `floor` is ours ÷ the floor printed in
+# the same run. Runs recorded before the bench wrote their size are the large size's.
+TARGETS = {
+    "large": (
+        ("ours ÷ trl-sleep@plain, median", "plain", "median", 0.50),
+        ("ours ÷ trl-sleep@plain, worst pair", "plain", "max", 0.60),
+        ("ours ÷ TRL's best, median", "best", "median", 0.70),
+        ("ours ÷ TRL's best, worst pair", "best", "max", 0.80),
+        ("ours ÷ floor, median", "floor", "median", 3.0),
+        ("ours ÷ floor, worst run", "floor", "max", 4.0),
+    ),
+    "seed": (
+        ("ours ÷ TRL's best, median", "best", "median", 0.90),
+        ("ours ÷ floor, median", "floor", "median", 2.0),
+    ),
+}
 MIN_PAIRS = 3
 
 
 def trl_file(contender: str) -> str:
-    return contender.partition("@")[2] or "plain"
+    """The DeepSpeed file a TRL contender trained under: the name's, else its default."""
+    trainer, _, file = contender.partition("@")
+    return file or DEFAULT_FILES.get(trainer, "plain")
+
+
+def trl_configuration(contender: str) -> str:
+    """A TRL contender with its DeepSpeed file named: `trl-sleep` is `trl-sleep@plain`, `trl-best` is
+    `trl-best@product`."""
+    return f"{contender.partition('@')[0]}@{trl_file(contender)}"
+
+
+def run_size(run: dict) -> str:
+    """The size a run measured; runs recorded before the bench wrote it are the large size's."""
+    return str(run.get("size", "large"))
 
 
 @functools.cache  # one lookup per commit, not one per pair
@@ -134,6 +158,9 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
         floor = run.get("floor", {}).get("floor_s_per_step")
         commit = str(host.get("commit", "?"))
         o = ours[0]
+        # TRL's best in this run: its fastest contender with fp32 master weights.
+        fp32 = [t for t in trl if trl_file(t["contender"]) in DENOMINATOR_FILES]
+        best = min(fp32, key=lambda t: t["median_s_per_step"]) if fp32 else None
         for t in trl:
             rows.append(
                 {
@@ -149,13 +176,19 @@ def pair_rows(runs: list[tuple[str, dict]], machines: dict[str, str] | None = No
                     or (measured_code(commit, paths=MEASURED_CODE_BEFORE_2E9977D) if commit != "?" else "?"),
                     "ours": o["contender"],
                     "ours_s": o["median_s_per_step"],
+                    "size": run_size(run),
                     "trl": t["contender"],
                     "trl_file": trl_file(t["contender"]),
+                    "trl_configuration": trl_configuration(t["contender"]),
+                    "trl_best": t is best,
                     "trl_s": t["median_s_per_step"],
                     "ratio": o["median_s_per_step"] / t["median_s_per_step"],
                     "ours_over_floor": o["median_s_per_step"] / floor if floor else None,
                 }
             )
+    sizes = sorted({r["size"] for r in rows})
+    if len(sizes) > 1:
+        raise SystemExit(f"the runs measured different sizes ({', '.join(sizes)}): tabulate each size apart")
     return rows, left_out
 
 
@@ -164,19 +197,22 @@ def spread(values: list[float], unit: str = "pairs") -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f}, {count})"
 
 
-def verdicts(rows: list[dict], best: str | None) -> tuple[list[str], list[dict]]:
-    """Each target of `TARGETS` over all pairs (met only with `MIN_PAIRS` pairs) and on every machine."""
+def verdicts(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    """Each target of the rows' size (`TARGETS`) over all pairs (met only with `MIN_PAIRS` pairs) and on every
+    machine."""
     lines, found = ["", "| target | scope | value | limit | pairs | verdict |", "|---|---|---|---|---|---|"], []
     machines = sorted({r["machine"] for r in rows})
-    for what, against, statistic, limit in TARGETS:
+    sizes = {r["size"] for r in rows}
+    for what, against, statistic, limit in TARGETS.get(sizes.pop(), ()) if len(sizes) == 1 else ():
         for scope in ["all", *machines]:
             mine = [r for r in rows if scope in ("all", r["machine"])]
             if against == "floor":
                 per_run = {r["run"]: r["ours_over_floor"] for r in mine if r["ours_over_floor"] is not None}
                 values = list(per_run.values())
+            elif against == "best":
+                values = [r["ratio"] for r in mine if r["trl_best"]]
             else:
-                file = best if against == "best" else "plain"
-                values = [r["ratio"] for r in mine if r["trl_file"] == file]
+                values = [r["ratio"] for r in mine if r["trl_configuration"] == "trl-sleep@plain"]
             if not values:
                 continue
             value = statistics.median(values) if statistic == "median" else max(values)
@@ -214,37 +250,30 @@ def table(rows: list[dict], left_out: list[str], run_cell: Callable[[str], str] 
         "| TRL configuration | TRL median s/step | ratio: median (min–max) | per machine |",
         "|---|---|---|---|",
     ]
-    for file in sorted({r["trl_file"] for r in rows}):
-        mine = [r for r in rows if r["trl_file"] == file]
-        machines = sorted({r["machine"] for r in mine})
-        per_machine = {m: [r["ratio"] for r in mine if r["machine"] == m] for m in machines}
-        trl_median = statistics.median(r["trl_s"] for r in mine)
-        summary["configurations"][file] = {
-            "pairs": len(mine),
-            "trl_median_s": trl_median,
-            "ratio_median": statistics.median(r["ratio"] for r in mine),
-            "ratio_min": min(r["ratio"] for r in mine),
-            "ratio_max": max(r["ratio"] for r in mine),
-            "machines": {m: statistics.median(v) for m, v in per_machine.items()},
+    for configuration in sorted({r["trl_configuration"] for r in rows}):
+        mine = [r for r in rows if r["trl_configuration"] == configuration]
+        summary["configurations"][configuration] = statistics_of(mine)
+        lines.append(
+            f"| {configuration} | {summary['configurations'][configuration]['trl_median_s']:.3f} | {ratios(mine)}"
+        )
+    best_rows = [r for r in rows if r["trl_best"]]
+    if best_rows:
+        summary["trl_best"] = statistics_of(best_rows)
+        summary["trl_best"]["chosen"] = {
+            c: sum(r["trl_configuration"] == c for r in best_rows)
+            for c in sorted({r["trl_configuration"] for r in best_rows})
         }
-        lines.append(
-            f"| trl-sleep@{file} | {trl_median:.3f} | {spread([r['ratio'] for r in mine])} "
-            f"| {'; '.join(f'{m}: {spread(v)}' for m, v in per_machine.items())} |"
-        )
-    candidates = {f: c for f, c in summary["configurations"].items() if f in DENOMINATOR_FILES}
-    best = None
-    if candidates:
-        best = min(candidates, key=lambda f: candidates[f]["trl_median_s"])
-        summary["trl_best"] = best
-        lines.append(
-            f"\nTRL's best measured configuration: trl-sleep@{best} (median {candidates[best]['trl_median_s']:.3f} "
-            f"s/step; of {', '.join(sorted(candidates))}). "
-            "`@none` (no DeepSpeed) is a reference, never the denominator."
-        )
+        chosen = ", ".join(f"{c} in {n} run{'s' if n != 1 else ''}" for c, n in summary["trl_best"]["chosen"].items())
+        lines += [
+            f"| TRL's best in each run ({chosen}) | {summary['trl_best']['trl_median_s']:.3f} | {ratios(best_rows)}",
+            "",
+            "TRL's best in a run is its fastest contender there with fp32 master weights (under DeepSpeed); "
+            "`@none` (no DeepSpeed: bf16 weights and optimizer state) is a reference, never the best.",
+        ]
     per_run_floor = {r["run"]: r["ours_over_floor"] for r in rows if r["ours_over_floor"] is not None}
     if per_run_floor:
         lines += ["", f"ours ÷ floor: {spread(list(per_run_floor.values()), 'runs')}"]
-    target_lines, summary["targets"] = verdicts(rows, best)
+    target_lines, summary["targets"] = verdicts(rows)
     lines += [*target_lines, ""]
     if len(summary["measured_code"]) > 1:
         lines.append(
@@ -259,6 +288,26 @@ def table(rows: list[dict], left_out: list[str], run_cell: Callable[[str], str] 
         )
     lines += [f"- LEFT OUT: {line}" for line in left_out]
     return lines, summary
+
+
+def statistics_of(rows: list[dict]) -> dict:
+    """Pairs, TRL's median s/step, and ours ÷ TRL: median, min, max, and the median per machine."""
+    machines = sorted({r["machine"] for r in rows})
+    return {
+        "pairs": len(rows),
+        "trl_median_s": statistics.median(r["trl_s"] for r in rows),
+        "ratio_median": statistics.median(r["ratio"] for r in rows),
+        "ratio_min": min(r["ratio"] for r in rows),
+        "ratio_max": max(r["ratio"] for r in rows),
+        "machines": {m: statistics.median(r["ratio"] for r in rows if r["machine"] == m) for m in machines},
+    }
+
+
+def ratios(rows: list[dict]) -> str:
+    """The ratio cells of a configuration's row: over all its pairs, and per machine."""
+    machines = sorted({r["machine"] for r in rows})
+    per_machine = {m: [r["ratio"] for r in rows if r["machine"] == m] for m in machines}
+    return f"{spread([r['ratio'] for r in rows])} | {'; '.join(f'{m}: {spread(v)}' for m, v in per_machine.items())} |"
 
 
 def machine_of(name: str, run: dict, machines: dict[str, str] | None = None) -> str:
@@ -314,12 +363,18 @@ def machine_table(
     return lines
 
 
-# How the headline names each TRL configuration (the part of a TRL contender's name after `@`).
+# How the headline names each TRL configuration: its DeepSpeed file, and what the contender changes in TRL.
 CONFIGURATION_WORDS = {
     "plain": "under TRL's documented ZeRO-3 file",
     "product": "under the operator's one-GPU DeepSpeed file",
     "none": "without DeepSpeed (bf16 weights and optimizer state, a reference rather than a target)",
 }
+TRAINER_WORDS = {"trl-best": "with our merged micro-batch ", "trl-nosleep": "with sleep off "}
+
+
+def configuration_words(configuration: str) -> str:
+    trainer, _, file = configuration.partition("@")
+    return TRAINER_WORDS.get(trainer, "") + CONFIGURATION_WORDS.get(file, f"as `{configuration}`")
 
 
 def headline(runs: list[tuple[str, dict]], rows: list[dict], summary: dict) -> str:
@@ -332,26 +387,26 @@ def headline(runs: list[tuple[str, dict]], rows: list[dict], summary: dict) -> s
     size = f"{params / 1e9:.2f}B parameters" if params else f"the {run.get('size', '?')} size"
     gpu = str(rows[0]["gpu"]).split(",")[0]
     configurations = summary["configurations"]
-    order = sorted(configurations, key=lambda f: (f == "none", f not in DENOMINATOR_FILES, f))
-    parts = []
-    for file in order:
-        c = configurations[file]
-        best = ", TRL's best measured configuration" if file == summary.get("trl_best") else ""
-        machines = len(c["machines"])
-        parts.append(
-            f"**{c['ratio_median']:.3f}×** as long as TRL's {CONFIGURATION_WORDS.get(file, f'`trl-sleep@{file}`')}"
-            f"{best} ("
-            + (
-                f"median of {c['pairs']} pairs on {machines} machine{'s' if machines != 1 else ''}, "
-                f"range {c['ratio_min']:.3f}–{c['ratio_max']:.3f})"
-                if c["pairs"] > 1
-                else "1 pair)"
-            )
-        )
+
+    def file_of(configuration: str) -> str:
+        return configuration.partition("@")[2]
+
+    order = sorted(configurations, key=lambda c: (file_of(c) == "none", file_of(c) not in DENOMINATOR_FILES, c))
+    parts = [
+        f"**{configurations[c]['ratio_median']:.3f}×** as long as TRL's {configuration_words(c)} "
+        f"({counted(configurations[c])})"
+        for c in order
+    ]
     listed = " and ".join(parts) if len(parts) < 3 else "; ".join(parts[:-1]) + "; and " + parts[-1]
-    text = (
-        f"At {size} on one {gpu}, a GRPO step of {rows[0]['ours']} took {listed}. TRL ran its own `GRPOTrainer` "
-        "in colocate mode with vLLM's sleep mode on, in the same run as ours, each run on one machine."
+    text = f"At {size} on one {gpu}, a GRPO step of {rows[0]['ours']} took {listed}."
+    if best := summary.get("trl_best"):
+        text += (
+            f" Against TRL's best in each run, its fastest configuration there with fp32 master weights: "
+            f"**{best['ratio_median']:.3f}×** ({counted(best)})."
+        )
+    text += (
+        " TRL ran its own `GRPOTrainer` in colocate mode with vLLM's sleep mode on, in the same run as ours, each "
+        "run on one machine."
     )
     floors = {r["run"]: r["ours_over_floor"] for r in rows if r["ours_over_floor"] is not None}
     if floors:
@@ -359,6 +414,17 @@ def headline(runs: list[tuple[str, dict]], rows: list[dict], summary: dict) -> s
         spread_of = f" (median {statistics.median(values):.2f}, {len(values)} runs)" if len(values) > 1 else ""
         text += f" Ours took {rate_range(values, 2)}× the hardware floor measured in the same run{spread_of}."
     return text
+
+
+def counted(statistics: dict) -> str:
+    """'median of N pairs on M machines, range a–b', or '1 pair'."""
+    machines = len(statistics["machines"])
+    if statistics["pairs"] == 1:
+        return "1 pair"
+    return (
+        f"median of {statistics['pairs']} pairs on {machines} machine{'s' if machines != 1 else ''}, "
+        f"range {statistics['ratio_min']:.3f}–{statistics['ratio_max']:.3f}"
+    )
 
 
 # The pages whose results this tool writes, between marker comments: an opening

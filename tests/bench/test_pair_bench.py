@@ -184,12 +184,16 @@ def test_the_pair_table_reports_every_pair_and_trls_best(tmp_path, capsys):
     ]
     assert pair_table.main([str(f) for f in files] + ["--json", str(tmp_path / "t.json")]) == 0
     summary = json.loads((tmp_path / "t.json").read_text())
-    plain = summary["configurations"]["plain"]
+    plain = summary["configurations"]["trl-sleep@plain"]
     assert plain["pairs"] == 3 and plain["ratio_median"] == pytest.approx(0.4)
     assert (plain["ratio_min"], plain["ratio_max"]) == (pytest.approx(0.25), pytest.approx(0.5))
     assert plain["machines"] == {"m1": pytest.approx((0.4 + 0.5) / 2), "m2": pytest.approx(0.25)}
-    # Product's TRL median (3.0) beats plain's (5.0); no DeepSpeed (2.5) is faster still, yet only a reference.
-    assert summary["trl_best"] == "product"
+    # TRL's best in each run: its fastest contender with fp32 master weights; e.json has only TRL without
+    # DeepSpeed (faster, yet a reference), so no best.
+    best = summary["trl_best"]
+    assert best["chosen"] == {"trl-sleep@plain": 3, "trl-sleep@product": 1}
+    assert best["pairs"] == 4 and best["ratio_median"] == pytest.approx((0.4 + 0.5) / 2)
+    assert [p["run"] for p in summary["pairs"] if p["trl_best"]] == ["a.json", "b.json", "c.json", "d.json"]
     out = capsys.readouterr().out
     assert "| a.json | 0 | ours-auto,trl-sleep | m1 | cpu of m1 |" in out  # every pair, in its run order
     assert "| b.json | 1 | trl-sleep,ours-auto | m1 |" in out
@@ -198,7 +202,8 @@ def test_the_pair_table_reports_every_pair_and_trls_best(tmp_path, capsys):
     # Three plain pairs: the plain targets get a verdict; product has one pair, too few for one.
     assert "| ours ÷ trl-sleep@plain, median | all | 0.400 | 0.50 | 3 | met |" in out
     assert "| ours ÷ trl-sleep@plain, median | m1 | 0.450 | 0.50 | 2 | met |" in out
-    assert "| ours ÷ TRL's best, median | all | 0.667 | 0.70 | 1 | too few pairs (< 3) |" in out
+    assert "| ours ÷ TRL's best, median | all | 0.450 | 0.70 | 4 | met |" in out
+    assert "| ours ÷ TRL's best, median | m2 | 0.458 | 0.70 | 2 | met |" in out
 
 
 def test_an_incomplete_run_is_listed_its_measured_pairs_count_and_the_table_fails(tmp_path, capsys):
@@ -251,7 +256,8 @@ def test_a_run_of_ours_and_two_trl_files_gives_two_pairs_and_verdicts(tmp_path, 
     summary = json.loads((tmp_path / "s.json").read_text())
     assert len(summary["pairs"]) == 8
     assert {p["machine"] for p in summary["pairs"]} == {"boot-a", "boot-b", "m-old"}
-    assert summary["configurations"]["product"]["pairs"] == 4 and summary["trl_best"] == "product"
+    assert summary["configurations"]["trl-sleep@product"]["pairs"] == 4
+    assert summary["trl_best"]["chosen"] == {"trl-sleep@product": 4}
     by = {(t["target"], t["scope"]): t for t in summary["targets"]}
     # Against TRL's best: ratios 1.6/3, 1.8/2, 2.1/2.5, 1.6/3 -> worst 0.9 misses the 0.80 limit.
     assert by[("ours ÷ TRL's best, worst pair", "all")]["verdict"] == "MISSED"
@@ -286,3 +292,58 @@ def test_the_measured_code_is_the_working_tree_not_head(tmp_path):
     )
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert pair_table.measured_code(commit.strip(), repo) == changed  # a commit's objects: the same values
+
+
+def best_file(path: Path, times: dict[str, float], size: str | None = None, boot_id: str = "boot-a") -> Path:
+    """A run of ours-auto and TRL contenders with the given median s/step each."""
+    run = {
+        "pair_index": 0,
+        "contenders_in_run_order": list(times),
+        "host": {"hostname": "vm", "boot_id": boot_id, "cpu_model": "x", "gpu": "H200", "commit": "abc"},
+        "floor": {"floor_s_per_step": 1.0},
+        "incomplete": [],
+        "results": [{"contender": c, "median_s_per_step": t} for c, t in times.items()],
+    }
+    if size is not None:
+        run["size"] = size
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_trls_best_is_the_fastest_fp32_contender_of_each_run(tmp_path, capsys):
+    files = [
+        # trl-best under TRL's file beats it under ours here, and TRL without DeepSpeed is faster yet: a reference.
+        best_file(
+            tmp_path / "r0.json", {"ours-auto": 1.0, "trl-best@plain": 2.0, "trl-best": 2.5, "trl-sleep@none": 1.5}
+        ),
+        # and the other way round in the next run.
+        best_file(tmp_path / "r1.json", {"ours-auto": 1.2, "trl-best@plain": 3.0, "trl-best@product": 2.4}),
+        best_file(tmp_path / "r2.json", {"ours-auto": 1.1, "trl-sleep": 4.0, "trl-best": 2.2}, boot_id="boot-b"),
+    ]
+    assert pair_table.main([*map(str, files), "--json", str(tmp_path / "s.json")]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    best = {p["run"]: p["trl"] for p in summary["pairs"] if p["trl_best"]}
+    assert best == {"r0.json": "trl-best@plain", "r1.json": "trl-best@product", "r2.json": "trl-best"}
+    # trl-best without a file is trl-best@product: one configuration with trl-best@product.
+    assert summary["trl_best"]["chosen"] == {"trl-best@plain": 1, "trl-best@product": 2}
+    assert summary["configurations"]["trl-best@product"]["pairs"] == 3
+    assert summary["trl_best"]["ratio_median"] == pytest.approx(0.5)  # 1.0/2.0, 1.2/2.4, 1.1/2.2
+    out = capsys.readouterr().out
+    assert "Against TRL's best in each run, its fastest configuration there with fp32 master weights: **0.500×**" in out
+    assert "as long as TRL's with our merged micro-batch under the operator's one-GPU DeepSpeed file" in out
+
+
+def test_the_seed_size_has_its_own_targets_and_sizes_are_not_mixed(tmp_path, capsys):
+    files = [
+        best_file(tmp_path / f"s{k}.json", {"ours-auto": 1.8, "trl-best": 2.0 + k / 10}, size="seed") for k in range(3)
+    ]
+    assert pair_table.main([*map(str, files), "--json", str(tmp_path / "s.json")]) == 0
+    targets = {t["target"]: t for t in json.loads((tmp_path / "s.json").read_text())["targets"] if t["scope"] == "all"}
+    assert set(targets) == {"ours ÷ TRL's best, median", "ours ÷ floor, median"}
+    assert targets["ours ÷ TRL's best, median"]["limit"] == 0.90
+    assert targets["ours ÷ TRL's best, median"]["value"] == pytest.approx(1.8 / 2.1)
+    assert targets["ours ÷ TRL's best, median"]["verdict"] == "met"
+    assert targets["ours ÷ floor, median"]["verdict"] == "met"  # 1.8 of the 1.0 floor, the limit 2.0
+    large = best_file(tmp_path / "l.json", {"ours-auto": 1.0, "trl-sleep": 3.0})  # recorded without a size
+    with pytest.raises(SystemExit, match="different sizes \\(large, seed\\)"):
+        pair_table.main([*map(str, files), str(large)])
