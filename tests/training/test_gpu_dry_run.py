@@ -79,3 +79,50 @@ def test_the_four_gpu_command_runs_on_cpu_at_dp2_tp2(tmp_path, tiny_model_dir, t
     (result,) = bench["results"]
     assert result["contender"] == "ours-auto" and result["median_s_per_step"] > 0, result
     assert (result["num_processes"], result["tensor_parallel_size"]) == (4, 2)
+
+
+def test_a_seed_size_pair_against_trls_best_runs_on_cpu(tmp_path, tiny_model_dir, trainer_env):
+    """`PARTS=pair SIZE=seed PAIR=ours-auto,trl-best`, the command for one seed-shaped pair on an H200, as a CPU
+    dry run: the seed size in miniature (a Qwen2 model the bench makes, prompts of exactly 48 tokens, completions
+    that never stop early), ours and TRL's trainer with the same micro-batch plan, and the table's TRL best."""
+    import sys
+
+    from bench import pair_table
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = trainer_env(tmp_path)
+    env.update(
+        CPU="1",
+        PARTS="pair",
+        SIZE="seed",
+        PAIR="ours-auto,trl-best",
+        PAIR_INDEX="1",
+        PYTHON=sys.executable,
+        OUT=str(out),
+        WORK=str(work),
+        COLOCGRPO_TEST_MODEL=str(tiny_model_dir),
+        DEADLINE_S="400",
+    )
+    proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    summary = (out / "summary.txt").read_text()
+    assert proc.returncode == 0, f"{summary}\n{proc.stdout[-3000:]}\n{(out / 'pair.log').read_text()[-3000:]}"
+    assert re.search(r"^pair: rc=0 ", summary, re.M), summary
+
+    run = json.loads((out / "pair-1.json").read_text())
+    assert run["size"] == "seed-cpu" and run["contenders_in_run_order"] == ["trl-best", "ours-auto"]
+    assert (run["model"]["kind"], run["model"]["architecture"]) == ("seed", "Qwen2ForCausalLM")
+    results = {r["contender"]: r for r in run["results"]}
+    for contender, result in results.items():
+        assert result["median_s_per_step"] > 0, contender
+        assert result["prompt_tokens_range"] == [48, 48], contender
+        assert result["completion_tokens_range"] == [8, 8], contender  # every completion full length
+        assert result["sequences_per_generate"] == 8, contender
+    # trl-best ran TRL's trainer with sleep on, under the operator's file, through the same merge decision as ours.
+    assert results["trl-best"]["deepspeed"] == "product"
+    assert results["trl-best"]["micro_batch_merge"] == results["ours-auto"]["micro_batch_merge"]
+    assert results["trl-best"]["micro_batch"] == results["ours-auto"]["micro_batch"]
+    assert "| trl-best | 4 x 2 |" in summary
+
+    rows, left_out = pair_table.pair_rows([("pair-1.json", run)])
+    (row,) = rows
+    assert not left_out and row["trl_best"] and row["size"] == "seed-cpu"

@@ -11,6 +11,11 @@
 #   PARTS=pair PAIR=ours-auto,trl-sleep,trl-sleep@product PAIR_MARGIN_S=30 PAIR_INDEX=K DEADLINE_S=585 bash ...
 #                                                                    # ours against both TRL DeepSpeed files (~8 min)
 #   PARTS=probe,pair ...                                             # the machine's rates first (~30 s), then the pair
+#   PARTS=pair PAIR=ours-auto,trl-best@plain,trl-best@product PAIR_INDEX=K PAIR_MARGIN_S=20 DEADLINE_S=588 bash ...
+#                                                                    # ours against TRL's best recipe, both files (~6 min)
+#   PARTS=seed-model bash ...                                        # the seed size's ~7B Qwen2 model, made once (~1 min)
+#   PARTS=pair SIZE=seed PAIR=ours-auto,trl-best PAIR_INDEX=K DEADLINE_S=588 bash ...
+#                                                                    # one seed-shaped pair (512 + 1,024 tokens, ~7-8 min)
 #   PARTS=gen-compare bash tests/gpu/drivers/run_on_device.sh        # ~7B generate-only, both trainers (≤ 9 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
@@ -221,6 +226,13 @@ if [[ ",$PARTS," == *",zero3-variants,"* ]]; then
   [[ -f "$WORK/zero3-variants/variants.md" ]] && cat "$WORK/zero3-variants/variants.md" >>"$SUMMARY"
 fi
 
+if [[ ",$PARTS," == *",seed-model,"* ]]; then
+  # The seed size's random-init Qwen2 decoder (~7B on an H200), made once per machine and kept, so that a
+  # seed-size pair in a later call has the whole call for its two contenders.
+  run_part seed-model 300 "$PY" -m bench.grpo --out "$WORK/seed-model" --make-model --size seed
+  [[ -f "$WORK/seed-model/model.json" ]] && cat "$WORK/seed-model/model.json" >>"$SUMMARY" && echo >>"$SUMMARY"
+fi
+
 if [[ ",$PARTS," == *",bench-large,"* ]]; then
   # The large size: a random-init decoder made here (~7B on an H200), the sleep-on pair first.
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
@@ -231,16 +243,23 @@ if [[ ",$PARTS," == *",bench-large,"* ]]; then
 fi
 
 if [[ ",$PARTS," == *",pair,"* ]]; then
-  # The headline pair at the large size: PAIR=A,B[,C] (ours and one or more TRL configurations), the
-  # list rotated left by PAIR_INDEX (a pair: even A first, odd B first); a contender skipped, failed or
-  # timed out makes the part fail. bench/pair_table.py aggregates the bench.json of several such runs.
+  # The headline pair: PAIR=A,B[,C] (ours and one or more TRL configurations) at SIZE (large, the default,
+  # or seed), the list rotated left by PAIR_INDEX (a pair: even A first, odd B first); a contender skipped,
+  # failed or timed out makes the part fail. bench/pair_table.py aggregates the bench.json of several such runs.
   # PAIR_MARGIN_S: no contender starts unless the last one's wall time would end this much before the
-  # part's limit (three contenders at 7B take ~400 s of a fresh call's ~500).
+  # part's limit (three contenders at 7B take ~400 s of a fresh call's ~500; a seed-size contender ~3-4 min).
   left=$(( DEADLINE_S - ($(date +%s) - T0) - 40 ))
-  large=(--size large); [[ "$CPU" == 1 ]] && large=(--cpu --size cpu)
-  run_part pair $(( left + 20 )) "$PY" -m bench.grpo "${large[@]}" --out "$WORK/pair" \
-    --pair "${PAIR:-ours-auto,trl-sleep}" --pair-index "${PAIR_INDEX:-0}" --budget-seconds $(( left - ${PAIR_MARGIN_S:-200} )) \
-    --contender-timeout "${PAIR_TIMEOUT:-260}" "${SHAPE_ARGS[@]}" ${PAIR_ARGS:-}
+  pair_size="${SIZE:-large}"
+  if [[ "$pair_size" == seed ]]; then margin=60 pair_timeout=330; else margin=200 pair_timeout=260; fi
+  size_args=(--size "$pair_size")
+  if [[ "$CPU" == 1 && "$pair_size" == seed ]]; then  # the CPU sizes; the seed size's tiny model made under $WORK
+    size_args=(--cpu --size seed-cpu --model-dir "$WORK/models/seed-cpu")
+  elif [[ "$CPU" == 1 ]]; then
+    size_args=(--cpu --size cpu)
+  fi
+  run_part pair $(( left + 20 )) "$PY" -m bench.grpo "${size_args[@]}" --out "$WORK/pair" \
+    --pair "${PAIR:-ours-auto,trl-sleep}" --pair-index "${PAIR_INDEX:-0}" --budget-seconds $(( left - ${PAIR_MARGIN_S:-$margin} )) \
+    --contender-timeout "${PAIR_TIMEOUT:-$pair_timeout}" "${SHAPE_ARGS[@]}" ${PAIR_ARGS:-}
   [[ -f "$WORK/pair/bench.md" ]] && cat "$WORK/pair/bench.md" >>"$SUMMARY"
   [[ -f "$WORK/pair/bench.json" ]] && cp "$WORK/pair/bench.json" "$OUT/pair-${PAIR_INDEX:-0}.json"
 fi
