@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from installed_chart import InstalledChart, can_i
+from installed_chart import HostOperator, InstalledChart, can_i, http_get, wait_for_rbac
 
 pytestmark = pytest.mark.cluster
 
@@ -268,47 +268,8 @@ def test_documented_crd_upgrade_command_applies_a_changed_crd(cluster_wide, kube
 # --- the operator, run on the host as the chart's identity, through a whole job ---------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _with_host_ports(args: list[str], liveness: int, metrics: int) -> list[str]:
-    """The Deployment's own arguments, with the ports moved to free ones on this host."""
-    out = []
-    for arg in args:
-        if arg.startswith("--liveness-port="):
-            arg = f"--liveness-port={liveness}"
-        elif arg.startswith("--metrics-port="):
-            arg = f"--metrics-port={metrics}"
-        out.append(arg)
-    assert f"--liveness-port={liveness}" in out and f"--metrics-port={metrics}" in out, args
-    return out
-
-
-def _http_get(url: str, timeout: float = 30) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return response.status, response.read().decode()
-        except (urllib.error.URLError, ConnectionError) as error:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{url}: {error}") from error
-            time.sleep(0.3)
-
-
 @pytest.mark.parametrize("mode", ["cluster_wide", "namespaced"])
 def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, kube_cluster, namespace, tmp_path):
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     import yaml
@@ -318,36 +279,13 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
 
     chart = request.getfixturevalue(mode)
     sa_kubeconfig = chart.service_account_kubeconfig(tmp_path / "sa.kubeconfig")
-    # In a real install the bindings exist long before the operator pod starts; here the process starts
-    # right after `helm install`, so first let the apiserver's RBAC cache see the new bindings.
-    deadline = time.monotonic() + 30
-    while not (
-        can_i(kube_cluster, sa_kubeconfig, "watch", "colocgrpojobs.colocgrpo.io", "-n", namespace)
-        and can_i(kube_cluster, sa_kubeconfig, "create", "jobs.batch", "-n", namespace)
-    ):
-        assert time.monotonic() < deadline, "the chart's RBAC never took effect"
-        time.sleep(0.3)
-    liveness, metrics = _free_port(), _free_port()
-    args = _with_host_ports(chart.operator_args(), liveness, metrics)
-    log_path = tmp_path / "operator.log"
+    wait_for_rbac(kube_cluster, sa_kubeconfig, namespace)
+    operator = HostOperator(chart, sa_kubeconfig, tmp_path / "operator.log").start()
+    log_tail = operator.log_tail
     repo = Path(__file__).resolve().parents[2]
-    # This checkout's code, whatever checkout the shared venv's editable install points at.
-    env = {**os.environ, "KUBECONFIG": str(sa_kubeconfig), "PYTHONPATH": f"{repo / 'operator'}:{repo / 'training'}"}
-    with log_path.open("w") as log:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "colocgrpo_operator", *args],  # the chart's colocgrpo-operator, this checkout's code
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=repo,
-        )
-
-    def log_tail() -> str:
-        log = log_path.read_text()
-        return log if len(log) < 9000 else f"{log[:3000]}\n[...]\n{log[-6000:]}"
 
     try:
-        status, _body = _http_get(f"http://127.0.0.1:{liveness}/healthz")
+        status, _body = operator.probe("/healthz")
         assert status == 200, log_tail()
 
         job = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())
@@ -357,7 +295,7 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
         deadline = time.monotonic() + 90
         pods: list[str] = []
         while not pods:
-            assert operator.poll() is None, f"the operator exited:\n{log_tail()}"
+            assert operator.running(), f"the operator exited:\n{log_tail()}"
             assert time.monotonic() < deadline, f"no trainer pod after 90 s:\n{log_tail()}"
             pods = kube_cluster.kubectl(
                 "-n",
@@ -394,16 +332,11 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
         ).stdout
         assert phase == "Succeeded"
 
-        status, text = _http_get(f"http://127.0.0.1:{metrics}/metrics")
+        status, text = http_get(f"http://127.0.0.1:{operator.metrics}/metrics")
         assert status == 200 and "colocgrpo" in text
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
-    log = log_path.read_text()
+        operator.stop()
+    log = operator.log_path.read_text()
     denials = permission_denials(log)
     assert not denials, "permission denials in the operator log:\n" + "\n".join(denials) + f"\n{log[-6000:]}"
 

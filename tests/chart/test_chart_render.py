@@ -36,6 +36,7 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "PodDisruptionBudget",  # two replicas: a drain evicts one at a time
         "Role",  # leader election's Lease
         "RoleBinding",
         "Service",
@@ -70,8 +71,22 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
             "--set",
             "podAnnotations.a=b",
         ),
+        (
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "networkPolicy.ingressNamespaces={monitoring}",
+            "--set",
+            "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+            "--set",
+            "podDisruptionBudget.minAvailable=50%",
+            "--set",
+            "topologySpreadConstraints[0].maxSkew=1,topologySpreadConstraints[0].topologyKey=zone",
+            "--set",
+            "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+        ),
     ],
-    ids=["namespaced", "metrics-and-rbac-off", "placement-and-extras"],
+    ids=["namespaced", "metrics-and-rbac-off", "placement-and-extras", "network-policy-and-own-spread"],
 )
 def test_toggled_renders_are_valid_kubernetes_objects(render_chart, values):
     import kubernetes_validate
@@ -487,6 +502,10 @@ def test_trainer_status_policy_is_the_one_the_dev_cluster_installs(render_chart)
         ("logLevel=verbose", "logLevel"),
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("livenessProbe.port=0", "livenessProbe"),
+        ("podDisruptionBudget.maxUnavailable=0", "maxUnavailable"),
+        ("podDisruptionBudget.maxUnavailable=half", "maxUnavailable"),
+        ("networkPolicy.enable=true", "additional properties 'enable' not allowed"),
+        ("networkPolicy.apiServer.ports={70000}", "ports"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(helm, value, complaint):
@@ -521,3 +540,108 @@ def test_rendered_command_line_is_what_colocgrpo_operator_accepts(render_chart, 
     assert args.metrics_port == (0 if "metrics.enabled=false" in values else 9090)
     assert args.namespace == (["a", "b"] if "watchNamespaces={a,b}" in values else [])
     assert args.all_namespaces == (not args.namespace)
+
+
+# --- staying up: disruption budget, spread over nodes, network policy ----------------------------------------
+
+
+def test_two_replicas_get_a_budget_of_one_eviction_and_a_soft_spread_over_nodes(render_chart):
+    objects = render_chart()
+    budget = one(objects, "PodDisruptionBudget")
+    deployment, _ = _operator_container(objects)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread == {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",  # soft: a one-node cluster still runs both
+        "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
+
+
+def test_one_replica_gets_no_budget_and_no_spread(render_chart):
+    objects = render_chart("--set", "replicas=1")
+    assert by_kind(objects, "PodDisruptionBudget") == []
+    deployment, _ = _operator_container(objects)
+    assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+
+
+def test_budget_and_spread_follow_their_values(render_chart):
+    objects = render_chart(
+        "--set",
+        "podDisruptionBudget.minAvailable=2",
+        "--set",
+        "replicas=3",
+        "--set",
+        "topologySpreadConstraints[0].maxSkew=1,topologySpreadConstraints[0].topologyKey=zone",
+        "--set",
+        "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+    )
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 2 and "maxUnavailable" not in budget["spec"]
+    deployment, _ = _operator_container(objects)
+    assert deployment["spec"]["template"]["spec"]["topologySpreadConstraints"] == [
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+    ]
+    off = render_chart("--set", "podDisruptionBudget.enabled=false", "--set", "podSpread.enabled=false")
+    assert by_kind(off, "PodDisruptionBudget") == []
+    assert "topologySpreadConstraints" not in _operator_container(off)[0]["spec"]["template"]["spec"]
+    percent = one(render_chart("--set", "podDisruptionBudget.maxUnavailable=50%"), "PodDisruptionBudget")
+    assert percent["spec"]["maxUnavailable"] == "50%"
+
+
+def test_network_policy_is_off_by_default(render_chart):
+    assert by_kind(render_chart(), "NetworkPolicy") == []
+
+
+def test_network_policy_allows_the_api_server_dns_and_the_named_namespaces_only(render_chart):
+    objects = render_chart(
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "networkPolicy.ingressNamespaces={monitoring,ops}",
+    )
+    policy = one(objects, "NetworkPolicy")["spec"]
+    deployment, container = _operator_container(objects)
+    assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    (ingress,) = policy["ingress"]
+    sources = [peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in ingress["from"]]
+    assert sources == ["monitoring", "ops"]
+    # The named ports are the container's own: the probes' and the metrics'.
+    assert (
+        {port["port"] for port in ingress["ports"]}
+        == {p["name"] for p in container["ports"]}
+        == {
+            "liveness",
+            "metrics",
+        }
+    )
+    api_server, dns = policy["egress"]
+    assert api_server == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    assert dns["to"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ]
+    assert sorted(p["protocol"] for p in dns["ports"]) == ["TCP", "UDP"] and {p["port"] for p in dns["ports"]} == {53}
+
+
+def test_network_policy_without_namespaces_admits_nothing_and_pins_the_api_server(render_chart):
+    policy = one(
+        render_chart(
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "networkPolicy.apiServer.cidrs={10.0.0.1/32,10.0.0.2/32}",
+            "--set",
+            "metrics.enabled=false",
+        ),
+        "NetworkPolicy",
+    )["spec"]
+    assert policy["ingress"] == []
+    assert policy["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}, {"ipBlock": {"cidr": "10.0.0.2/32"}}]
