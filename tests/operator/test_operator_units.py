@@ -645,3 +645,58 @@ def test_indexers_drop_the_events_managed_fields_and_nothing_else():
     indexed = asyncio.run(jobs_by_name(namespace="ns", name="tiny-cpu", body=kopf.Body(raw)))
     assert raw == expected  # kopf's own event object, as every later handler of the event sees it
     assert indexed == {("ns", "tiny-cpu"): pack(job_resource_snapshot(expected))}
+
+
+def test_transient_api_failures_are_retried_with_backoff_and_one_warning_line(monkeypatch, caplog):
+    import http.client
+
+    from colocgrpo_operator.controller import scheduling
+
+    monkeypatch.setattr(scheduling, "TRANSIENT_RETRY_SECONDS", 0.01)
+    failures = [http.client.RemoteDisconnected("Remote end closed connection without response"), KubeApiError(503, "x")]
+    calls: list[scheduling.Request] = []
+
+    async def reconcile_locked(key, inputs, request) -> None:
+        calls.append(request)
+        if failures:
+            raise failures.pop(0)
+
+    async def run() -> None:
+        schedule = scheduling.ReconcileScheduler(reconcile_locked, logging.getLogger("test-transient"))
+        request = scheduling.Request("create", ensure_children=True)
+        await schedule.reconcile(("ns", "j"), lambda: (None, None, [], []), request)  # no exception for kopf
+        while schedule.busy:
+            await asyncio.sleep(0.01)
+        # A non-transient error is the caller's, as before.
+        with pytest.raises(KubeApiError):
+            failures.append(KubeApiError(422, "Invalid"))
+            await schedule.reconcile(("ns", "j"), lambda: (None, None, [], []), request)
+
+    with caplog.at_level(logging.WARNING, "test-transient"):
+        asyncio.run(run())
+    assert [c.trigger for c in calls] == ["create", "retry", "retry", "create"]
+    assert all(c.ensure_children for c in calls)  # a retry of a create applies the children too
+    warnings = [r for r in caplog.records if r.name == "test-transient"]
+    assert len(warnings) == 2 and all(r.levelno == logging.WARNING and not r.exc_info for r in warnings)
+    assert "RemoteDisconnected" in warnings[0].getMessage() and "503" in warnings[1].getMessage()
+
+
+def test_kopfs_lines_about_transient_failures_become_one_line_warnings():
+    import aiohttp
+
+    from colocgrpo_operator.controller.transient import TransientApiLogFilter
+
+    def record(message: str, error: BaseException | None = None, name: str = "kopf.objects") -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error is not None else None
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, message, None, exc_info)
+
+    retry = record("Request attempt #1/9 failed; will retry: PATCH https://x -> ClientOSError(104)")
+    gave_up = record("Throttling for 1 seconds due to an unexpected error", aiohttp.ServerDisconnectedError())
+    bug = record("Handler 'reconcile_job' failed with an exception", ValueError("a bug"))
+    ours = record("Request attempt #1/9 failed; will retry", name="colocgrpo.operator")
+    for item in (retry, gave_up, bug, ours):
+        assert TransientApiLogFilter().filter(item)
+    assert retry.levelno == gave_up.levelno == logging.WARNING and gave_up.exc_info is None
+    assert "ServerDisconnectedError" in gave_up.getMessage() and "\n" not in gave_up.getMessage()
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None  # what a human must look at stays ERROR
+    assert ours.levelno == logging.ERROR  # only kopf's lines are rewritten

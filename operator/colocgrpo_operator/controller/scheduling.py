@@ -1,10 +1,12 @@
 """When reconciles run: one at a time per job, coalesced, deferred during a burst, retried.
 
 Every trigger — the job's create/update/resume, an event of its batch Job or pods, the periodic
-re-check — asks the `ReconcileScheduler` for a reconcile. It serializes them per job with an asyncio lock,
-so two triggers never race each other into two decisions; it lets event-triggered ones collapse
-while one waits for the lock; it runs the reconciles of child events in tasks of their own; and it
-turns what a reconcile raises into what happens next (nothing, a retry, or kopf's retry).
+re-check — asks the `ReconcileScheduler` for a reconcile. It serializes them per job with an
+asyncio lock, so two triggers never race each other into two decisions; it lets event-triggered
+ones collapse while one waits for the lock; it runs the reconciles of child events in tasks of
+their own; and it turns what a reconcile raises into what happens next: nothing (the job went
+away), a retry of its own (a predecessor's children are still there; a transient API failure,
+with backoff and one WARNING line, controller/transient.py), or the exception for the caller.
 What a reconcile decides and does is controller/reconciler.py's.
 """
 
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -22,11 +25,16 @@ from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone, termina
 from colocgrpo_operator.controller.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 from colocgrpo_operator.controller.record import RecordExtras
 from colocgrpo_operator.controller.snapshots import Inputs, Key
+from colocgrpo_operator.controller.transient import describe, is_transient
 
 # How long a reconcile after a child event waits, at most, for the reconciles applying children.
 DEFER_WHILE_APPLYING_SECONDS = 10.0
 # How soon a job whose predecessor's children are still there looks again.
 PREDECESSOR_RETRY_SECONDS = 2.0
+# Backoff of a job's reconcile after transient API failures: the first retry after this long,
+# each further one twice as late, at most TRANSIENT_RETRY_MAX_SECONDS (plus up to 25 % jitter).
+TRANSIENT_RETRY_SECONDS = 1.0
+TRANSIENT_RETRY_MAX_SECONDS = 30.0
 
 
 class PredecessorPending(Exception):
@@ -78,6 +86,9 @@ class ReconcileScheduler:
         self._locks: dict[Key, asyncio.Lock] = {}
         self._queued: set[Key] = set()
         self._background: set[asyncio.Task[None]] = set()  # reconcile_soon's and retries' tasks
+        # Jobs with a retry pending (whether it applies children), and their transient failures in a row.
+        self._retries: dict[Key, bool] = {}
+        self._failures: dict[Key, int] = {}
         self._wakeup = asyncio.Event()
         # Reconciles applying children (a job's create, spec change or resume) now; set when none.
         self._applying = 0
@@ -126,17 +137,29 @@ class ReconcileScheduler:
         except Exception as error:
             self.logger.warning("reconcile of %s/%s after a child event failed (will re-check): %s", *key, error)
 
-    def _retry_later(self, key: Key, read_inputs: Callable[[], Inputs]) -> None:
-        """Reconcile `key` again, children included, after PREDECESSOR_RETRY_SECONDS."""
+    def _retry_later(self, key: Key, read_inputs: Callable[[], Inputs], delay: float, ensure_children: bool) -> None:
+        """Reconcile `key` again after `delay` seconds (applying its children if this or any other
+        retry asked for it since): one pending retry per job at most."""
+        if key in self._retries:
+            self._retries[key] = self._retries[key] or ensure_children
+            return
+        self._retries[key] = ensure_children
 
         async def retry() -> None:
-            await asyncio.sleep(PREDECESSOR_RETRY_SECONDS)
+            await asyncio.sleep(delay)
+            children = self._retries.pop(key, ensure_children)
             try:
-                await self.reconcile(key, read_inputs, Request("retry", ensure_children=True))
+                await self.reconcile(key, read_inputs, Request("retry", ensure_children=children))
             except Exception as error:
                 self.logger.warning("retried reconcile of %s/%s failed (will re-check): %s", *key, error)
 
         self._in_background(retry())
+
+    def _backoff(self, key: Key) -> float:
+        """Seconds until the next retry of a job after one more transient failure in a row."""
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = min(TRANSIENT_RETRY_SECONDS * 2 ** (failures - 1), TRANSIENT_RETRY_MAX_SECONDS)
+        return delay * (1 + random.random() / 4)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -166,25 +189,46 @@ class ReconcileScheduler:
             started = time.perf_counter()
             try:
                 await self.reconcile_locked(key, (cr, job, pods, workloads), request)
+                self._failures.pop(key, None)
             except ObjectGone:
                 # Deleted, or replaced by a new job of the same name, since the inputs were read:
                 # nothing to do for this one (the new one has events of its own).
                 self.logger.debug("%s/%s went away mid-reconcile", *key)
             except PredecessorPending as pending:
                 self.logger.info("%s/%s: %s; trying again in %g s", key[0], key[1], pending, PREDECESSOR_RETRY_SECONDS)
-                self._retry_later(key, read_inputs)
+                self._retry_later(key, read_inputs, PREDECESSOR_RETRY_SECONDS, ensure_children=True)
             except KubeApiError as error:
                 if error.status == 404 or terminating_namespace(error):
                     # The job or its namespace is going away: expected, not an error.
                     self.logger.info("%s/%s: not reconciled, it is being deleted: %s", key[0], key[1], error.message)
                     return
                 RECONCILE_ERRORS.labels(trigger=request.trigger).inc()
-                raise
-            except Exception:
+                if not is_transient(error):
+                    raise
+                self._retry_transient(key, read_inputs, request, error)
+            except Exception as error:
                 RECONCILE_ERRORS.labels(trigger=request.trigger).inc()
-                raise
+                if not is_transient(error):
+                    raise
+                self._retry_transient(key, read_inputs, request, error)
             finally:
                 RECONCILE_SECONDS.labels(trigger=request.trigger).observe(time.perf_counter() - started)
+
+    def _retry_transient(
+        self, key: Key, read_inputs: Callable[[], Inputs], request: Request, error: BaseException
+    ) -> None:
+        """A transient API failure (controller/transient.py): one WARNING line, and the same
+        reconcile again after a backoff, instead of an exception for kopf to log and retry."""
+        delay = self._backoff(key)
+        self.logger.warning(
+            "%s/%s: reconcile (%s) failed on a transient API error, retrying in %.1f s: %s",
+            key[0],
+            key[1],
+            request.trigger,
+            delay,
+            describe(error),
+        )
+        self._retry_later(key, read_inputs, delay, request.ensure_children)
 
     @contextlib.asynccontextmanager
     async def _counted_as_applying(self, applying: bool) -> AsyncIterator[None]:
@@ -202,8 +246,9 @@ class ReconcileScheduler:
                 self._applied.set()
 
     def forget(self, key: Key) -> None:
-        """The job is gone: drop its lock."""
+        """The job is gone: drop its lock and its failure count."""
         self._locks.pop(key, None)
+        self._failures.pop(key, None)
 
     def wake_up(self) -> None:
         """Make the housekeeping loop look now (a job finished, or its TTL changed)."""

@@ -42,6 +42,7 @@ from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
 from colocgrpo_operator.controller.snapshots import Key
 from colocgrpo_operator.controller.specs import MAX_SPEC_BYTES
+from colocgrpo_operator.controller.transient import install_log_filter
 
 WATCH_SERVER_TIMEOUT_SECONDS = 270
 WATCH_CLIENT_TIMEOUT_SECONDS = 300
@@ -193,6 +194,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.L
     """
     config = config_of(memo)
     apply_kopf_settings(settings, config)
+    install_log_filter()
     memo.diffbase = settings.persistence.diffbase_storage
     memo.runtime = OperatorRuntime.open(
         config,

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -178,3 +179,70 @@ class DevCluster:
             env=env,
             check=check,
         )
+
+
+def restart_component(kubeconfig: Path, component: str = "kube-apiserver") -> None:
+    """Crash one process of the local cluster whose kubeconfig is `kubeconfig` (SIGKILL) and start it
+    again at once with the same command line, environment and folder, detached like kwokctl starts
+    it (its log appended to, its pid file updated).
+
+    For fault injection (tests, `bench.chaos`): every connection to it is reset, and new ones are
+    refused until the new process listens, then answer 503 until it is ready. A crash rather than
+    a graceful stop, so its port is free for the shortest time: on a shared machine another
+    cluster being created could take it. Raises FileNotFoundError when `kubeconfig` is not a
+    `colocgrpo dev cluster`'s (no pid file beside it).
+    """
+    folder = Path(kubeconfig).resolve().parent
+    pid_file = folder / "pids" / f"{component}.pid"
+    pid = int(pid_file.read_text().strip())
+    proc = Path(f"/proc/{pid}")
+    command = [part for part in (proc / "cmdline").read_bytes().decode().split("\0") if part]
+    if not command or str(folder) not in command[0]:
+        raise FileNotFoundError(f"pid {pid} of {pid_file} is not this cluster's {component}")
+    environment = dict(
+        entry.split("=", 1) for entry in (proc / "environ").read_bytes().decode().split("\0") if "=" in entry
+    )
+    cwd = os.readlink(proc / "cwd")
+    os.kill(pid, signal.SIGKILL)
+    while proc.exists() and "zombie" not in _state(proc):
+        time.sleep(0.01)
+    port = next((int(arg.split("=", 1)[1]) for arg in command if arg.startswith("--secure-port=")), None)
+    for _ in range(50):  # the killed process's socket may take a moment to be released
+        if port is not None:
+            _wait_bindable(port)
+        with open(folder / "logs" / f"{component}.log", "ab") as log:
+            started = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            started.wait(timeout=2)  # it exits at once when its port is still taken
+        if started.poll() is None:
+            pid_file.write_text(str(started.pid))
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{component} did not start again: see {folder / 'logs' / f'{component}.log'}")
+
+
+def _wait_bindable(port: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+def _state(proc: Path) -> str:
+    try:
+        return (proc / "status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
+    except (OSError, IndexError):
+        return "zombie"  # gone

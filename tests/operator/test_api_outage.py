@@ -1,0 +1,65 @@
+"""The API server goes away mid-burst and comes back (a control-plane restart): every job still
+reaches its phase, and the operator says so in WARNING lines, with no ERROR and no traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import urllib3
+
+from colocgrpo_operator.controller.kube import KubeApiError
+from colocgrpo_operator.devcluster.cluster import restart_component
+from support.operator_harness import OperatorProcess, phase, tiny_job, wait_for
+
+
+def _api_ready(cluster, namespace: str) -> bool:
+    """The API server answers, the ColocGRPOJob API included (served a moment after the core)."""
+    try:
+        cluster.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs")
+    except (KubeApiError, urllib3.exceptions.HTTPError):  # refused, reset, 503 while it starts
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_api_server_restart_mid_burst_loses_no_job_and_logs_no_error(cluster, kube_cluster, crd_installed, tmp_path):
+    kubeconfig = Path(kube_cluster.kubeconfig)
+    if not (kubeconfig.resolve().parent / "pids" / "kube-apiserver.pid").is_file():
+        pytest.skip("restarting the API server needs a `colocgrpo dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+    namespace = kube_cluster.new_namespace("outage")
+    own = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log")
+    names = [f"burst-{i}" for i in range(12)]
+    try:
+        own.start()
+        for name in names[:8]:
+            cluster.create_job(namespace, tiny_job(name))
+        # Mid-burst: some jobs have children, some not yet.
+        wait_for(
+            lambda: cluster.list("/api/v1", "serviceaccounts", namespace, "colocgrpo.io/job-name"),
+            30,
+            "the burst's first children",
+            interval=0.05,
+        )
+        restart_component(kubeconfig, "kube-apiserver")
+        wait_for(lambda: _api_ready(cluster, namespace), 120, "the API server back")
+        for name in names[8:]:
+            cluster.create_job(namespace, tiny_job(name))
+        for name in names:
+            wait_for(
+                lambda name=name: phase(cluster, namespace, name) == "Running",
+                240,
+                f"{name} Running after the restart",
+                on_timeout=own.log_tail,
+            )
+        assert own.alive()
+    finally:
+        own.stop()
+        kube_cluster.delete_namespace(namespace)
+    log = own.log_path.read_text(errors="replace")
+    errors = [line for line in log.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b", line)]
+    assert errors == [], "\n".join(errors[:40])
+    assert "Traceback" not in log, log[log.index("Traceback") - 2000 : log.index("Traceback") + 3000]
+    # The outage was met (by the reconciles, kopf's watches or both) and said in WARNING lines.
+    assert re.search(r"WARNING .*(on a transient API error|Request attempt #)", log), log[-5000:]
