@@ -190,3 +190,67 @@ def test_forged_status_is_repaired_and_restarts_count_from_the_record(cluster, k
     finally:
         own.stop()
         kube_cluster.delete_namespace(namespace)
+
+
+def test_a_deleted_incarnations_trainer_writes_nothing_on_its_successor(
+    cluster, kube_cluster, operator, op_namespace, tmp_path
+):
+    """A job deleted and created again under the same name: the old trainer (alive through its
+    grace period, its token still accepted for a while by the API server's token cache) reports
+    progress the way every trainer does, bound to the uid of the job it was rendered for; the new
+    job's progress stays untouched."""
+    from colocgrpo_operator.api.naming import GRPO_CONFIG_KEY
+    from colocgrpo_training.config import TrainerConfig
+
+    ns, name = op_namespace, "phoenix"
+
+    def rendered_for(uid: str) -> TrainerConfig:
+        """The trainer config in the job's ConfigMap, once it is the one rendered for `uid`."""
+
+        def current() -> TrainerConfig | None:
+            found = cluster.list("/api/v1", "configmaps", ns, f"colocgrpo.io/job-name={name}")
+            for item in found:
+                config = TrainerConfig.from_yaml((item.get("data") or {}).get(GRPO_CONFIG_KEY, "") or "{}")
+                if config.job.uid == uid:
+                    return config
+            return None
+
+        return wait_for(
+            current, 60, f"the trainer config of {name} rendered for uid {uid}", on_timeout=operator.log_tail
+        )
+
+    def write_progress(trainer: Cluster, config: TrainerConfig, step: int) -> None:
+        body, content_type = config.job.progress_patch({"step": step, "lastUpdateTime": "2026-01-01T00:00:00Z"})
+        path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{ns}/colocgrpojobs/{name}/status"
+        trainer.api.request("PATCH", path, body=body, content_type=content_type)
+
+    first = cluster.create_job(ns, tiny_job(name))
+    wait_phase(cluster, ns, name, "Running", operator=operator)
+    old_config = rendered_for(first["metadata"]["uid"])
+    (tmp_path / "old").mkdir()
+    old_trainer = trainer_of(cluster, ns, name, tmp_path / "old")  # the first incarnation's token
+    write_progress(old_trainer, old_config, 916)
+    assert cluster.get_job(ns, name)["status"]["progress"]["step"] == 916
+
+    cluster.delete_job(ns, name)
+    wait_for(lambda: cluster.get_job(ns, name) is None, 30, "the first incarnation gone")
+    second = cluster.create_job(ns, tiny_job(name))
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    wait_phase(cluster, ns, name, {"Starting", "Running"}, operator=operator)
+    # At once and for the next seconds (the token cache's window), every report of the old
+    # trainer is refused: by the uid precondition while its token is still accepted (422), by
+    # authentication or RBAC once it is not.
+    deadline = time.monotonic() + 12
+    refusals = []
+    while time.monotonic() < deadline:
+        with pytest.raises(KubeApiError) as refused:
+            write_progress(old_trainer, old_config, 917)
+        refusals.append(refused.value.status)
+        time.sleep(1)
+    assert set(refusals) <= {401, 403, 422}, refusals
+    assert "progress" not in (cluster.get_job(ns, name).get("status") or {})
+    # The new incarnation's trainer, rendered for the new uid, reports as ever.
+    new_config = rendered_for(second["metadata"]["uid"])
+    (tmp_path / "new").mkdir()
+    write_progress(trainer_of(cluster, ns, name, tmp_path / "new"), new_config, 1)
+    assert cluster.get_job(ns, name)["status"]["progress"]["step"] == 1

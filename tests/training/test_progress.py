@@ -90,6 +90,22 @@ def test_patch_writes_progress_and_keeps_the_operators_status(custom_objects, jo
     assert status["progress"] == progress
 
 
+def test_patch_bound_to_a_uid_writes_only_that_incarnation(custom_objects, job_ref):
+    # The config the operator renders names the job's uid: the patch tests it first, so a trainer
+    # of a deleted job writes nothing on a new job of the same name.
+    obj = custom_objects.get_namespaced_custom_object(GROUP, VERSION, job_ref.namespace, PLURAL, job_ref.name)
+    custom_objects.patch_namespaced_custom_object_status(
+        GROUP, VERSION, job_ref.namespace, PLURAL, job_ref.name, {"status": {"phase": "Running"}}
+    )
+    this = JobRef(name=job_ref.name, namespace=job_ref.namespace, uid=obj["metadata"]["uid"])
+    other = JobRef(name=job_ref.name, namespace=job_ref.namespace, uid="uid-of-a-deleted-job")
+    assert StatusPatcher(this, custom_objects).patch({"step": 2}) is True
+    refused = StatusPatcher(other, custom_objects)
+    assert refused.patch({"step": 916}) is False and refused.failures == 1
+    status = read_status(custom_objects, job_ref)
+    assert status["progress"] == {"step": 2} and status["phase"] == "Running"
+
+
 def test_reporter_uses_kubeconfig_rate_limits_and_always_sends_the_final_step(
     custom_objects, job_ref, kube_cluster, monkeypatch, tmp_path
 ):

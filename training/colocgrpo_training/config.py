@@ -39,6 +39,23 @@ class SleepPolicy(enum.StrEnum):
 class JobRef(_Strict):
     name: str
     namespace: str
+    # metadata.uid of the job the operator rendered this config for: the trainer's progress writes
+    # are bound to that incarnation (a job deleted and created again under the same name is another).
+    uid: str | None = None
+
+    def progress_patch(self, progress: dict[str, Any]) -> tuple[Any, str]:
+        """The status-subresource patch that sets `status.progress`, and its content type. With a
+        uid, a JSON patch whose first operation tests /metadata/uid, so the API server refuses it
+        (422) once the job is another incarnation: a deleted job's trainer, alive through its grace
+        period, writes nothing on a successor of the same name. It needs the status to exist (the
+        operator writes it before the gang's pods start). Without a uid, a merge patch."""
+        if self.uid is None:
+            return {"status": {"progress": progress}}, "application/merge-patch+json"
+        operations = [
+            {"op": "test", "path": "/metadata/uid", "value": self.uid},
+            {"op": "add", "path": "/status/progress", "value": progress},
+        ]
+        return operations, "application/json-patch+json"
 
 
 class ModelSettings(_Strict):

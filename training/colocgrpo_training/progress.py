@@ -1,8 +1,9 @@
-"""Progress reporting: rank 0 merge-patches `status.progress` of its ColocGRPOJob.
+"""Progress reporting: rank 0 patches `status.progress` of its ColocGRPOJob.
 
 The trainer owns only `status.progress` (the operator owns the rest of status), so the
-patch is a JSON merge patch of that one subtree through the status subresource, with the
-job's own ServiceAccount (in-cluster) or KUBECONFIG on a host. Patches are rate-limited
+patch sets that one subtree through the status subresource, with the job's own
+ServiceAccount (in-cluster) or KUBECONFIG on a host; it is refused once the job is another
+incarnation than the one the config was rendered for (`JobRef.progress_patch`). Patches are rate-limited
 (`progress.min_interval_seconds`; the final step always goes out). Every report is also
 printed as one JSON line on stdout, so `kubectl logs` shows the same numbers.
 
@@ -128,7 +129,8 @@ class StatusPatcher:
         return self.clock() >= self.retry_at
 
     def patch(self, progress: dict[str, Any]) -> bool:
-        body = {"status": {"progress": progress}}
+        # Bound to the job's incarnation when the config names its uid (JobRef.progress_patch).
+        body, content_type = self.job.progress_patch(progress)
         try:
             self.api.patch_namespaced_custom_object_status(
                 GROUP,
@@ -138,6 +140,7 @@ class StatusPatcher:
                 self.job.name,
                 body,
                 _request_timeout=_REQUEST_TIMEOUT_SECONDS,
+                _content_type=content_type,
             )
         except Exception as err:  # unreachable API, 403, 404: all must leave training running
             self.failures += 1

@@ -18,7 +18,7 @@ from colocgrpo_training.config import (
 def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:
     spec = job.spec
     return TrainerConfig(
-        job=JobRef(name=job.name, namespace=job.namespace),
+        job=JobRef(name=job.name, namespace=job.namespace, uid=job.metadata.uid),
         model=ModelSettings(
             name_or_path=spec.model.name,
             revision=spec.model.revision,
