@@ -255,7 +255,7 @@ def test_gpu_container_resources_command_and_rendezvous(seed):
     container = trainer(seed)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert container["resources"]["requests"]["nvidia.com/gpu"] == 8
-    assert container["command"][:2] == ["accelerate", "launch"]
+    assert container["command"][0] == "colocgrpo-launch"  # accelerate launch, exiting with the ranks' code
     command = " ".join(container["command"])
     assert "--config_file /etc/colocgrpo/accelerate.yaml" in command
     assert "--machine_rank $(MACHINE_RANK)" in command
@@ -423,7 +423,7 @@ def test_multi_node_cpu_job_uses_accelerate_multi_cpu():
     children = children_by_kind(
         load_example("tiny-cpu.yaml", resources={"nodes": 2, "gpusPerNode": 0}, checkpoint={"claimName": "ckpt"})
     )
-    assert trainer(children)["command"][:2] == ["accelerate", "launch"]
+    assert trainer(children)["command"][0] == "colocgrpo-launch"
     accelerate = yaml.safe_load(children["ConfigMap"]["data"]["accelerate.yaml"])
     assert accelerate["distributed_type"] == "MULTI_CPU" and accelerate["num_processes"] == 2
 

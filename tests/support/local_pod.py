@@ -112,10 +112,8 @@ def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path 
     for name, text in files.items():
         (work / name).write_text(text)
     command = [arg.replace(CONFIG_MOUNT_DIR, str(work)).replace("$(MACHINE_RANK)", "0") for arg in trainer_command(job)]
-    if command[:2] == ["accelerate", "launch"]:  # the launcher of this interpreter's environment
-        command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
-    elif command[:1] == ["colocgrpo-train"]:  # the console script this interpreter's environment installed
-        command = [str(Path(sys.executable).parent / "colocgrpo-train"), *command[1:]]
+    if command[:1] in (["colocgrpo-launch"], ["colocgrpo-train"]):  # the console script of this environment
+        command = [str(Path(sys.executable).parent / command[0]), *command[1:]]
     return command
 
 

@@ -264,6 +264,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_complete_checkpoint(fresh):
         f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(WORLD)
     ]
     assert fresh.exit_codes() == dict.fromkeys(range(WORLD), EXIT_TERMINATED), fresh.tail()
+    assert fresh.returncode == EXIT_TERMINATED, fresh.tail()  # the pod exits with the code its ranks agreed on
     stops = re.findall(r"colocgrpo: stopped by (.+?) at step (\d+);", fresh.stdout)
     assert sorted(stops) == sorted([("a signal to another rank", str(step))] * 3 + [("signal 15", str(step))])
     message = json.loads((fresh.work / "termination-log").read_text())
@@ -294,6 +295,7 @@ def test_resume_takes_the_newest_step_every_rank_sees_with_its_weights(fresh, re
 def test_sigterm_to_one_rank_before_training_stops_every_rank(early):
     assert early.events(3, "sigterm_at_build"), early.tail()
     assert early.exit_codes() == dict.fromkeys(range(WORLD), EXIT_TERMINATED), early.tail()
+    assert early.returncode == EXIT_TERMINATED, early.tail()
     stops = re.findall(r"colocgrpo: stopped by (.+?) before the first step", early.stdout)
     assert sorted(stops) == sorted(["a signal to another rank"] * 3 + ["signal 15"])
     assert not any(early.events(rank, "generate") for rank in range(WORLD))

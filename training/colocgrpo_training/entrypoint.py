@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from colocgrpo_training.config import TrainerConfig
 from colocgrpo_training.cuda_arch import make_arch_list_deepspeed_readable
 from colocgrpo_training.failures import EXIT_TERMINATED, InvalidConfigError, classify, write_termination_message
+from colocgrpo_training.launch import record_exit_code
 
 
 def load_config(path: str) -> TrainerConfig:
@@ -94,9 +95,13 @@ def exit_process(code: int) -> NoReturn:
     and engine keep the groups alive. docs/decisions.md, "The trainer exits without the interpreter's
     finalization".
 
+    The code is first recorded for the pod's launcher (`launch.record_exit_code`), which exits with the code every
+    rank agreed on.
+
     Args:
         code (`int`): the exit status (see the module's docstring).
     """
+    record_exit_code(code)
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

@@ -131,11 +131,11 @@ def trainer_command(job: ColocGRPOJob) -> list[str]:
     config = f"{CONFIG_MOUNT_DIR}/{GRPO_CONFIG_KEY}"
     if job.is_cpu_job and job.spec.resources.nodes == 1:
         return ["colocgrpo-train", "--config", config]  # the trainer's console script, no launcher
-    # $(MACHINE_RANK) is expanded by the kubelet from the container's env. accelerate starts every
-    # process as `python -m colocgrpo_training`: the module behind `colocgrpo-train`.
+    # `accelerate launch`, exiting with the code the ranks agreed on (143 on a preemption). $(MACHINE_RANK)
+    # is expanded by the kubelet from the container's env. Every process runs `python -m colocgrpo_training`,
+    # the module behind `colocgrpo-train`.
     return [
-        "accelerate",
-        "launch",
+        "colocgrpo-launch",
         "--config_file",
         f"{CONFIG_MOUNT_DIR}/{ACCELERATE_CONFIG_KEY}",
         "--machine_rank",
