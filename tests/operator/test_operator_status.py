@@ -375,10 +375,41 @@ def test_eviction_restarts_without_counting():
 
 def test_preemption_is_named():
     preempted = failed(
-        0, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+        0,
+        exit_code=143,  # the ranks stopped at a checkpoint on the preemption's SIGTERM (colocgrpo-launch)
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
     )
     result = assess(FACTS, batch_job(), [preempted], None, NOW)
     assert cond(result.status, "Running")["reason"] == "Preempted"
+    assert result.status["lastFailure"]["exitCode"] == 143 and result.status["lastFailure"]["counted"] is False
+
+
+@pytest.mark.parametrize(
+    "message",
+    [json.dumps({"reason": "Terminated", "message": "stopped by signal 15 at step 7; checkpoint-7 saved"}), ""],
+    ids=["trainer-checkpointed", "no-message"],
+)
+def test_a_pod_stopped_by_sigterm_is_preempted_and_not_counted(message):
+    # 143 = 128 + SIGTERM, what a trainer pod exits with when its ranks stopped at a checkpoint on a SIGTERM that
+    # came with no DisruptionTarget condition (a preemption or node shutdown the kubelet did not mark).
+    stopped = failed(0, exit_code=143, message=message)
+    facts = RunFacts(nodes=2, max_restarts=0)
+    result = assess(facts, batch_job(), [stopped, failed(1, message="NCCL timeout", finished="2026-01-02T03:03:00Z")],
+                    None, NOW)  # fmt: skip
+    assert result.phase == "Restarting" and result.action is Action.RESTART_GANG
+    assert cond(result.status, "Running")["reason"] == "Preempted"
+    assert result.status["lastFailure"]["reason"] == "Preempted"
+    assert result.status["lastFailure"]["counted"] is False and result.status["lastFailure"]["exitCode"] == 143
+    assert (result.status["restarts"], result.status["disruptions"]) == (0, 1)
+    assert "SIGTERM" in result.status["message"]
+
+
+def test_a_trainer_failure_that_exits_143_keeps_its_reason():
+    # 143 with a reason of the trainer's own (it failed, then was stopped) is that failure, counted.
+    oom = failed(0, exit_code=143, message=json.dumps({"reason": "CUDAOutOfMemory", "message": "2 GiB"}))
+    result = assess(FACTS, batch_job(), [oom], None, NOW)
+    assert result.status["lastFailure"]["reason"] == "CUDAOutOfMemory"
+    assert result.status["restarts"] == 1
 
 
 def test_legacy_eviction_without_condition():

@@ -28,6 +28,10 @@ TRAINER_REASONS = frozenset(
     {"CUDAOutOfMemory", "NCCLTimeout", "VLLMError", "InvalidConfig", "DataError", "TrainerError"}
 )
 
+# 128 + SIGTERM: the code a trainer pod exits with after a SIGTERM it did not ask for, once every rank has saved
+# the agreed checkpoint (the trainer's reason "Terminated"; docs/trainer.md).
+EXIT_SIGTERM = 143
+
 # Plain-text recognition for processes that died before the trainer could write JSON
 # (a CUDA OOM inside a NCCL call, a watchdog abort, a user's --command).
 _TEXT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -96,7 +100,18 @@ def _disruption(pod: dict[str, Any]) -> Failure | None:
         truncate(f"pod {dig(pod, 'metadata', 'name')}: {message}"),
         counted=False,
         pod=dig(pod, "metadata", "name"),
+        exit_code=_exit_code(pod),
     )
+
+
+def _exit_code(pod: dict[str, Any]) -> int | None:
+    """The exit code of the pod's first container that ended, if one did (143 where the trainer stopped at a
+    checkpoint on the SIGTERM of a disruption)."""
+    for status in container_statuses(pod):
+        code = dig(status, "state", "terminated", "exitCode")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+    return None
 
 
 def _pod_failure(pod: dict[str, Any]) -> Failure:
@@ -129,6 +144,18 @@ def _pod_failure(pod: dict[str, Any]) -> Failure:
             )
         reason, human = reason_from_termination_message(str(terminated.get("message") or ""))
         detail = human or f"container {container} exited with code {exit_code}"
+        stopped = exit_code == EXIT_SIGTERM and reason in (None, "Terminated")
+        if stopped and not dig(pod, "metadata", "deletionTimestamp"):
+            # Stopped from outside without being deleted (a preemption or node shutdown the kubelet marked no
+            # disruption for): the gang resumes from its checkpoint, and a restart it did not cause is not
+            # counted. A pod deleted by someone is the Job's failure, as before.
+            return Failure(
+                "Preempted",
+                truncate(f"pod {name}: stopped by SIGTERM: {detail} (exit code {exit_code})"),
+                counted=False,
+                pod=name,
+                exit_code=exit_code,
+            )
         return Failure(
             reason or "Error",
             truncate(f"pod {name}: {detail} (exit code {exit_code})"),
