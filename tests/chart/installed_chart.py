@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -203,12 +202,6 @@ class HostOperator:
 
     def stop(self, grace: float = 30) -> None:
         """SIGTERM, as the kubelet stops a container; SIGKILL after `grace` seconds."""
-        if not self.running():
-            return
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        from colocgrpo_operator.devcluster.commands import stop_process
+
+        stop_process(self.process, grace)
