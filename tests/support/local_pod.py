@@ -87,6 +87,12 @@ def cpu_pod_job(
 
 def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path | None = None) -> list[str]:
     """Write the job's launch files under `work` and return the pod command for machine rank 0."""
+    return render_gang(job_obj, work, reward_modules_dir=reward_modules_dir)[0]
+
+
+def render_gang(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path | None = None) -> list[list[str]]:
+    """Write the job's launch files under `work` (every pod mounts the same ConfigMap) and return each pod's command,
+    by completion index: the rendered command with `$(MACHINE_RANK)` expanded as the kubelet does."""
     from colocgrpo_operator.api import parse_job
     from colocgrpo_operator.api.naming import ACCELERATE_CONFIG_KEY, CONFIG_MOUNT_DIR, DEEPSPEED_CONFIG_KEY
     from colocgrpo_operator.render import render_config_map
@@ -97,7 +103,7 @@ def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path 
     files = dict(render_config_map(job)["data"])
 
     accelerate = yaml.safe_load(files[ACCELERATE_CONFIG_KEY])
-    accelerate["main_process_ip"] = "127.0.0.1"
+    accelerate["main_process_ip"] = "127.0.0.1"  # the headless Service's name for pod 0, resolved on this host
     accelerate["main_process_port"] = free_port()
     if "deepspeed_config" in accelerate:
         accelerate["deepspeed_config"]["deepspeed_config_file"] = str(work / DEEPSPEED_CONFIG_KEY)
@@ -111,10 +117,16 @@ def render_pod(job_obj: dict[str, Any], work: Path, *, reward_modules_dir: Path 
 
     for name, text in files.items():
         (work / name).write_text(text)
-    command = [arg.replace(CONFIG_MOUNT_DIR, str(work)).replace("$(MACHINE_RANK)", "0") for arg in trainer_command(job)]
-    if command[:1] in (["colocgrpo-launch"], ["colocgrpo-train"]):  # the console script of this environment
-        command = [str(Path(sys.executable).parent / command[0]), *command[1:]]
-    return command
+    commands = []
+    for machine_rank in range(job.spec.resources.nodes):
+        command = [
+            arg.replace(CONFIG_MOUNT_DIR, str(work)).replace("$(MACHINE_RANK)", str(machine_rank))
+            for arg in trainer_command(job)
+        ]
+        if command[:1] in (["colocgrpo-launch"], ["colocgrpo-train"]):  # the console script of this environment
+            command = [str(Path(sys.executable).parent / command[0]), *command[1:]]
+        commands.append(command)
+    return commands
 
 
 class ProcessTree:
@@ -145,13 +157,15 @@ class ProcessTree:
         self.refresh()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        alive = []
+        others = []
         for process in self.seen.values():
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-                alive.append(process)
-        psutil.wait_procs(alive, timeout=30)
+                if process.pid != self.proc.pid:
+                    others.append(process)
+        # The launcher is reaped by subprocess alone: a psutil wait would take its exit status (returncode 0 after).
         self.proc.wait()
+        psutil.wait_procs(others, timeout=30)
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:
@@ -208,28 +222,57 @@ def launch_pod(
     rank once `limit_s` has passed, which fails the calling test. `until`, while it returns False, is called
     every 0.2 s as the launch runs (to act on it, e.g. signal a rank); the probe records of ranks 0 to
     `world - 1` are read from `probe_dir` at the end."""
+    act = None if until is None else (lambda trees: until())
+    (launch,) = launch_gang([command], [work], env, world=world, limit_s=limit_s, probe_dir=probe_dir, until=act)
+    return launch
+
+
+def launch_gang(
+    commands: list[list[str]],
+    works: list[Path],
+    env: dict[str, str],
+    *,
+    world: int,
+    limit_s: float,
+    probe_dir: Path,
+    until: Callable[[list[ProcessTree]], bool] | None = None,
+) -> list[Launch]:
+    """`launch_pod` for the pods of one job at once: command i runs in `works[i]`. `until` gets every pod's process
+    tree (to kill a pod, as a node that fails would); the launch ends when every pod has ended. Each Launch carries
+    every rank's probe records."""
     import pytest
 
-    with open(work / "stdout.log", "w") as out, open(work / "stderr.log", "w") as err:
-        proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True)
-        tree = ProcessTree(proc)
+    with contextlib.ExitStack() as files:
+        procs = []
+        for command, work in zip(commands, works, strict=True):
+            out = files.enter_context(open(work / "stdout.log", "w"))
+            err = files.enter_context(open(work / "stderr.log", "w"))
+            procs.append(subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=err, start_new_session=True))
+        trees = [ProcessTree(proc) for proc in procs]
         deadline = time.monotonic() + limit_s
         try:
-            while proc.poll() is None:
-                tree.refresh()
+            while any(proc.poll() is None for proc in procs):
+                for tree in trees:
+                    tree.refresh()
                 if time.monotonic() > deadline:
-                    tree.kill()
-                    stderr = (work / "stderr.log").read_text(errors="replace")
-                    pytest.fail(f"{work.name}: no exit within {limit_s} s (a hang)\n{stderr[-6000:]}")
-                if until is not None and until():
+                    for tree in trees:
+                        tree.kill()
+                    stderr = "\n".join((work / "stderr.log").read_text(errors="replace")[-4000:] for work in works)
+                    pytest.fail(f"{works[0].name}: no exit within {limit_s} s (a hang)\n{stderr}")
+                if until is not None and until(trees):
                     until = None  # done: no more calls
                 time.sleep(0.2)
         finally:
-            tree.kill()  # a rank left behind by its launcher too
-    return Launch(
-        work,
-        proc.returncode,
-        (work / "stdout.log").read_text(errors="replace"),
-        (work / "stderr.log").read_text(errors="replace"),
-        {rank: read_json_lines(probe_dir / f"rank{rank}.jsonl") for rank in range(world)},
-    )
+            for tree in trees:
+                tree.kill()  # a rank left behind by its launcher too
+    records = {rank: read_json_lines(probe_dir / f"rank{rank}.jsonl") for rank in range(world)}
+    return [
+        Launch(
+            work,
+            proc.returncode,
+            (work / "stdout.log").read_text(errors="replace"),
+            (work / "stderr.log").read_text(errors="replace"),
+            records,
+        )
+        for proc, work in zip(procs, works, strict=True)
+    ]
