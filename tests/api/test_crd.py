@@ -118,6 +118,7 @@ def test_status_schema_is_closed_and_metrics_are_numbers(schema):
         "Suspended",
         "Running",
         "Stalled",
+        "Progressing",
         "Succeeded",
         "Failed",
         "PlanWarning",

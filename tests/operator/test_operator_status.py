@@ -12,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from colocgrpo_operator.api import Phase
+from colocgrpo_operator.api.model import FIRST_STEP_ALLOWANCE_SECONDS
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.failures import reason_from_termination_message
 from colocgrpo_operator.controller.objects import format_time
@@ -663,6 +664,55 @@ def test_no_progress_ever_counts_from_running_start():
     first = assess(facts, batch_job(), [pod(0)], None, NOW)
     later = assess(facts, batch_job(), [pod(0)], first, NOW + timedelta(seconds=90))
     assert cond(later.status, "Stalled")["status"] == "True"
+
+
+def test_a_step_that_stops_moving_restarts_the_gang_after_the_progress_deadline():
+    facts = RunFacts(nodes=2, max_restarts=1, progress_deadline_seconds=60)
+    first = assess(facts, batch_job(), [pod(0), pod(1)], None, NOW)  # the gang runs from NOW
+    assert cond(first.status, "Progressing")["reason"] == "WaitingForFirstStep"
+
+    def at(before: Assessment, seconds: float, step_seen: float | None) -> Assessment:
+        step_since = NOW + timedelta(seconds=step_seen) if step_seen is not None else None
+        return derive(
+            facts, batch_job(), [pod(0), pod(1)], before.record, before.status,
+            NOW + timedelta(seconds=seconds), {"step": 2}, None, None, step_since,
+        )  # fmt: skip
+
+    # The first step is allowed the deadline plus the allowance for loading the model.
+    waiting = at(first, 60 + FIRST_STEP_ALLOWANCE_SECONDS - 1, None)
+    assert waiting.action is Action.NONE and cond(waiting.status, "Progressing")["status"] == "True"
+    # A step seen after the gang started: the deadline counts from it, without the allowance.
+    moving = at(first, 100, 50)
+    assert cond(moving.status, "Progressing")["reason"] == "StepAdvancing" and moving.phase == "Running"
+    assert at(moving, 109, 50).action is Action.NONE
+    hung = at(moving, 111, 50)
+    progressing = cond(hung.status, "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
+    assert "step 2" in progressing["message"]
+    assert hung.action is Action.RESTART_GANG and hung.phase == "Restarting" and hung.record.restarts == 1
+    assert hung.record.last_failure["reason"] == "ProgressDeadlineExceeded"
+    # The same Job judged again is not counted again; a second hung gang is past maxRestarts.
+    assert at(hung, 112, 50).record.restarts == 1
+    gang = batch_job(uid="job-uid-2"), [pod(0, uid="job-uid-2"), pod(1, uid="job-uid-2")]
+
+    def second(before: Assessment, seconds: float, step_seen: float) -> Assessment:
+        return derive(
+            facts, *gang, before.record, before.status, NOW + timedelta(seconds=seconds), {"step": 3}, None, None,
+            NOW + timedelta(seconds=step_seen),
+        )  # fmt: skip
+
+    # The new gang runs from 200 s: step 2, last seen before that, is its first step again.
+    started = second(hung, 200, 50)
+    assert started.phase == "Running" and cond(started.status, "Progressing")["reason"] == "WaitingForFirstStep"
+    again = second(second(started, 210, 205), 266, 205)
+    assert again.phase == "Failed" and cond(again.status, "Failed")["reason"] == "MaxRestartsExceeded"
+
+
+def test_the_progress_deadline_can_be_turned_off():
+    facts = RunFacts(nodes=1, progress_deadline_seconds=0)
+    first = assess(facts, batch_job(), [pod(0)], None, NOW)
+    later = derive(facts, batch_job(), [pod(0)], first.record, first.status, NOW + timedelta(days=30), {"step": 1})
+    assert later.action is Action.NONE and condition_of(later.status, "Progressing") is None
 
 
 def test_progress_is_never_written():

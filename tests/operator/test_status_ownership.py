@@ -26,6 +26,7 @@ from support.operator_harness import (
     Cluster,
     OperatorProcess,
     condition,
+    report_progress,
     running_pod,
     tiny_job,
     wait_for,
@@ -220,9 +221,7 @@ def test_a_deleted_incarnations_trainer_writes_nothing_on_its_successor(
         )
 
     def write_progress(trainer: Cluster, config: TrainerConfig, step: int) -> None:
-        body, content_type = config.job.progress_patch({"step": step, "lastUpdateTime": "2026-01-01T00:00:00Z"})
-        path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{ns}/colocgrpojobs/{name}/status"
-        trainer.api.request("PATCH", path, body=body, content_type=content_type)
+        report_progress(trainer, ns, name, config.job.uid, step)
 
     first = cluster.create_job(ns, tiny_job(name))
     wait_phase(cluster, ns, name, "Running", operator=operator)

@@ -436,7 +436,30 @@ def test_render_trainer_config_maps_every_typed_section():
     assert config.dataset.prompt_column == "problem"
     assert config.vllm.tensor_parallel_size == 4 and config.vllm.enabled
     assert [r.function for r in config.rewards] == ["accuracy", "format"]
-    assert config.grpo == job.spec.trainer_args
+    # The user's trainer arguments, and the collectives' timeout from the progress deadline.
+    assert config.grpo == {**job.spec.trainer_args, "ddp_timeout": 1800}
+
+
+@pytest.mark.parametrize(
+    ("run_policy", "trainer_args", "timeout", "ddp_timeout"),
+    [
+        ({}, {}, 1800, 1800),  # the default deadline: torch's and DeepSpeed's own default timeout
+        ({"progressDeadlineSeconds": 7200}, {}, 7200, 7200),
+        ({"progressDeadlineSeconds": 60}, {}, 1800, 1800),  # never below what a first step needs
+        ({"progressDeadlineSeconds": 7200}, {"ddp_timeout": 600}, 7200, 600),  # the user's own wins
+        ({"progressDeadlineSeconds": 0}, {}, 1800, None),  # off: the libraries' defaults
+    ],
+)
+def test_collective_timeouts_follow_the_progress_deadline(run_policy, trainer_args, timeout, ddp_timeout):
+    body = load_example("tiny-cpu.yaml")
+    body["spec"]["runPolicy"] = run_policy
+    body["spec"]["trainerArgs"] = {**body["spec"].get("trainerArgs", {}), **trainer_args}
+    job = parse_job(body)
+    assert render_trainer_config(job).grpo.get("ddp_timeout") == ddp_timeout
+    (batch_job,) = [c for c in render_children(job) if c["kind"] == "Job"]
+    env = {e["name"]: e.get("value") for e in batch_job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == str(timeout)
+    assert env["DEEPSPEED_TIMEOUT"] == str(-(-timeout // 60))
 
 
 def test_trainer_pods_meet_the_restricted_level_by_default(seed):

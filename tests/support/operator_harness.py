@@ -204,6 +204,17 @@ class Cluster:
         return Cluster(self.handle, kubeconfig=path)
 
 
+def report_progress(trainer: Cluster, namespace: str, name: str, job_uid: str | None, step: int) -> None:
+    """Report `step` as the job's trainer does (`JobRef.progress_patch`, bound to `job_uid`), with
+    the trainer's own token (`Cluster.as_service_account`). Raises KubeApiError when refused."""
+    from colocgrpo_training.config import JobRef
+
+    progress = {"step": step, "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    body, content_type = JobRef(name=name, namespace=namespace, uid=job_uid).progress_patch(progress)
+    path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}/status"
+    trainer.api.request("PATCH", path, body=body, content_type=content_type)
+
+
 def wait_for(
     predicate: Callable[[], Any],
     timeout: float,

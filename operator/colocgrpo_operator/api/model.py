@@ -362,10 +362,24 @@ class PodTemplateSpec(_Spec):
 # Every duration's maximum: a year. Without one, the CRD accepted values whose nanoseconds overflow
 # the Job controller's int64 arithmetic (9223372037 s and up), which fails the Job at once.
 MAX_DURATION_SECONDS = 365 * 24 * 3600
+# A step of a large GRPO run (generation, scoring, an optimizer step) takes minutes; half an hour
+# without one is a hang, not a slow step.
+DEFAULT_PROGRESS_DEADLINE_SECONDS = 1800
+# What a gang's first step is allowed on top of the progress deadline: downloading and loading the
+# model, starting the vLLM engine (its CUDA graphs), the first generation.
+FIRST_STEP_ALLOWANCE_SECONDS = 1800
+# torch.distributed's (TrainingArguments.ddp_timeout) and DeepSpeed's default collective timeout.
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800
 
 
 class RunPolicySpec(_Spec):
     """How the gang runs, restarts and ends."""
+
+    def collective_timeout_seconds(self) -> int:
+        """How long a collective (NCCL, gloo, DeepSpeed's) may wait before its rank exits: the
+        progress deadline, but never less than torch's and DeepSpeed's own default (a gang's first
+        collectives wait while rank 0 loads the model); that default with the deadline off."""
+        return max(self.progress_deadline_seconds, DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
 
     suspend: bool = Field(
         default=False,
@@ -391,6 +405,14 @@ class RunPolicySpec(_Spec):
         gt=0,
         le=MAX_DURATION_SECONDS,
         description="Mark the job Stalled when the training step does not advance for this long (at most a year).",
+    )
+    progress_deadline_seconds: int = Field(
+        default=DEFAULT_PROGRESS_DEADLINE_SECONDS,
+        ge=0,
+        le=MAX_DURATION_SECONDS,
+        description="Restart the gang (counted against maxRestarts) when the training step of a running gang has "
+        "not advanced for this long; a gang's first step is allowed this plus 1800 s to load the model and start "
+        "the engine. The trainer's collectives time out after this too (at least 1800 s). 0 turns it off.",
     )
 
 
@@ -457,6 +479,7 @@ class ConditionType(enum.StrEnum):
     SUSPENDED = "Suspended"
     RUNNING = "Running"
     STALLED = "Stalled"
+    PROGRESSING = "Progressing"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     PLAN_WARNING = "PlanWarning"
@@ -558,8 +581,8 @@ class ColocGRPOJobStatus(_Spec):
     )
     conditions: Annotated[list[Condition], Field(max_length=MAX_LIST_ITEMS)] = Field(
         default_factory=list,
-        description="One condition per type (SpecValid, Queued, Suspended, Running, Stalled, Succeeded, Failed, "
-        "PlanWarning); the Running condition's reason says why the job is in its phase.",
+        description="One condition per type (SpecValid, Queued, Suspended, Running, Stalled, Progressing, Succeeded, "
+        "Failed, PlanWarning); the Running condition's reason says why the job is in its phase.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, ge=0)

@@ -15,6 +15,7 @@ Kueue's CRD, kopf serves that resource once the CRD appears.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -202,5 +203,6 @@ async def job_event(
         JOB_METRICS.forget(key)
         return
     JOB_METRICS.observe(key, body.get("status"))
+    runtime.reconciler.steps.observe(key, body, datetime.now(UTC))  # the progress deadline's clock
     if type == "MODIFIED" and runtime.reconciler.ledger.status_drifted(key, body):
         runtime.reconciler.reconcile_soon(key, runtime.indices.reader(key), trigger="status")

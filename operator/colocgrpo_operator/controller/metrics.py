@@ -42,6 +42,10 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("colocgrpo_reconcile_errors_total", "Reconciles that raised", ["trigger"])
 GANG_RESTARTS = Counter("colocgrpo_gang_restarts_total", "Whole-gang restarts", ["counted"])
+PROGRESS_DEADLINES = Counter(
+    "colocgrpo_progress_deadline_exceeded_total",
+    "Running gangs whose training step did not advance within runPolicy.progressDeadlineSeconds",
+)
 API_REQUESTS = Counter(
     "colocgrpo_api_requests_total",
     "Kubernetes API requests made by the handlers (kopf's own watches and patches not included)",

@@ -32,8 +32,9 @@ from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.ledger import Current, WriteLedger
-from colocgrpo_operator.controller.metrics import GANG_RESTARTS, PhaseBook
+from colocgrpo_operator.controller.metrics import GANG_RESTARTS, PROGRESS_DEADLINES, PhaseBook
 from colocgrpo_operator.controller.objects import owned_by
+from colocgrpo_operator.controller.progress_clock import StepClock
 from colocgrpo_operator.controller.record import Record, RecordExtras
 from colocgrpo_operator.controller.scheduling import PredecessorPending, ReconcileScheduler, Request
 from colocgrpo_operator.controller.snapshots import Inputs, Key, batch_job_snapshot
@@ -42,8 +43,8 @@ from colocgrpo_operator.controller.workers import creation_refusal
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
-# Reasons of the Running condition worth a Warning event of their own, though the phase stays.
-_WARNING_REASONS = frozenset({derive.POD_CREATION_FAILED})
+# (condition, reason) worth a Warning event of their own when it appears, whatever the phase does.
+_WARNING_CONDITIONS = (("Running", derive.POD_CREATION_FAILED), ("Progressing", derive.PROGRESS_DEADLINE_EXCEEDED))
 # The API server's answer when an apply would give a child a second controller owner.
 _SECOND_CONTROLLER = "Only one reference can have Controller set to true"
 
@@ -89,6 +90,7 @@ class _Evidence:
     workloads: list[dict[str, Any]]
     previous: dict[str, Any]
     progress: Any
+    step_since: datetime | None
     now: datetime
     generation: Any
 
@@ -97,7 +99,16 @@ class _Evidence:
     ) -> tuple[derive.Assessment, dict[str, Any]]:
         """The assessment (controller/status.py) and the status to write, the plan warning in it."""
         assessment = derive.assess(
-            self.facts, batch_job, self.pods, record, self.previous, self.now, self.progress, self.workloads, refusal
+            self.facts,
+            batch_job,
+            self.pods,
+            record,
+            self.previous,
+            self.now,
+            self.progress,
+            self.workloads,
+            refusal,
+            self.step_since,
         )
         desired = assessment.status
         if self.plan_warning is not None:
@@ -126,6 +137,7 @@ class Reconciler:
         schedule: when reconciles run (scheduling.py); the housekeeping loop's wake-ups too.
         ledger: the operator's own last writes of each job (ledger.py).
         specs: every job's spec, parsed once per generation (specs.py).
+        steps: when each job's training step last moved (progress_clock.py).
         phases: every job's last phase, for the phase gauge.
     """
 
@@ -140,6 +152,7 @@ class Reconciler:
         self.schedule = ReconcileScheduler(self._reconcile_locked, logger)
         self.ledger = WriteLedger()
         self.specs = SpecCache()
+        self.steps = StepClock()
         self._events_refused = False  # warned once that Events cannot be listed
 
     # -- entry points --------------------------------------------------------------------------------
@@ -167,6 +180,7 @@ class Reconciler:
         """The job is gone: drop its lock, its ledger and its phase from the gauge."""
         self.schedule.forget(key)
         self.ledger.forget(key)
+        self.steps.forget(key)
         self.phases.set(key, None)
 
     async def delete_job(self, key: Key, uid: str | None) -> bool:
@@ -214,6 +228,7 @@ class Reconciler:
             workloads=workloads,
             previous=current.status,
             progress=(cr.get("status") or {}).get("progress"),
+            step_since=self.steps.observe(key, cr, now),
             now=now,
             generation=meta.get("generation"),
         )
@@ -385,11 +400,16 @@ class Reconciler:
                 desired.get("message") or f"phase {new_phase}",
             )
             self.logger.info("%s/%s: %s -> %s: %s", key[0], key[1], old_phase, new_phase, desired.get("message"))
-        running = condition_of(desired, "Running") or {}
-        if running.get("reason") in _WARNING_REASONS and running.get("reason") != _running_reason(previous):
-            # A problem the phase does not show (it stays Starting): announced once, when it appears.
-            self._post_event(key, cr, "Warning", str(running["reason"]), str(running.get("message") or ""))
-            self.logger.info("%s/%s: %s: %s", key[0], key[1], running["reason"], running.get("message"))
+        for type_, reason in _WARNING_CONDITIONS:
+            # A problem the phase does not show, or not by itself: announced once, when it appears.
+            condition = condition_of(desired, type_) or {}
+            if condition.get("reason") != reason or _reason(previous, type_) == reason:
+                continue
+            message = str(condition.get("message") or "")
+            self._post_event(key, cr, "Warning", reason, message)
+            self.logger.info("%s/%s: %s: %s", key[0], key[1], reason, message)
+            if reason == derive.PROGRESS_DEADLINE_EXCEEDED:
+                PROGRESS_DEADLINES.inc()
 
     def _post_event(self, key: Key, cr: dict[str, Any], type_: str, reason: str, message: str) -> None:
         try:
@@ -457,8 +477,8 @@ class Reconciler:
         return self.kube.create_returning(job)
 
 
-def _running_reason(status: Mapping[str, Any]) -> Any:
-    return (condition_of(dict(status), "Running") or {}).get("reason")
+def _reason(status: Mapping[str, Any], type_: str) -> Any:
+    return (condition_of(dict(status), type_) or {}).get("reason")
 
 
 def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:

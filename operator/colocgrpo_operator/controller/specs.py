@@ -67,6 +67,7 @@ class ParsedSpec:
             stall_timeout_seconds=spec.run_policy.stall_timeout_seconds,
             active_deadline_seconds=spec.run_policy.active_deadline_seconds,
             generation=meta.get("generation"),
+            progress_deadline_seconds=spec.run_policy.progress_deadline_seconds,
         )
         self.plan_warning = _plan_warning(cr) if spec.resources.gpus_per_node > 0 else None
         self.valid = True

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from colocgrpo_operator.api import Phase
+from colocgrpo_operator.api.model import FIRST_STEP_ALLOWANCE_SECONDS
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.failures import Failure, classify_failure
 from colocgrpo_operator.controller.kueue import SUSPEND_MESSAGE, kueue_queue, kueue_wait, workload_of
@@ -57,6 +58,8 @@ ConditionState = tuple[bool, str, str]
 POD_CREATION_GRACE_SECONDS = 5
 # The Running condition's reason while the Job controller cannot create the gang's pods.
 POD_CREATION_FAILED = "PodCreationFailed"
+# The Progressing condition's reason (and the failure's) when a running gang's step stopped moving.
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +74,7 @@ class RunFacts:
     stall_timeout_seconds: int | None = None
     active_deadline_seconds: int | None = None
     generation: int | None = None
+    progress_deadline_seconds: int = 0  # 0: off
 
 
 class Action(enum.StrEnum):
@@ -224,6 +228,7 @@ class _StatusBuilder:
         failed_reason: str | None = None,
         stalled: ConditionState | None = None,
         queued: ConditionState | None = None,
+        progressing: ConditionState | None = None,
     ) -> Assessment:
         """The status in `phase` with its summary `message`, every condition set to agree
         (`queued`: the Queued condition of a QUEUED phase, which says why); a Succeeded or Failed
@@ -254,6 +259,8 @@ class _StatusBuilder:
             (phase == FAILED, failed_reason or "NotFailed", message if phase == FAILED else "no fatal failure"),
         )
         self._set("Stalled", stalled or (False, "NotStalled", "the gang is not running"))
+        if progressing is not None:  # set while a gang runs; kept as it was between gangs
+            self._set("Progressing", progressing)
         outcome = None
         if phase in TERMINAL_PHASES:
             outcome = Outcome(
@@ -306,6 +313,7 @@ def assess(
     progress: dict[str, Any] | None = None,
     workloads: list[dict[str, Any]] | None = None,
     creation_refusal: str | None = None,
+    step_since: datetime | None = None,
 ) -> Assessment:
     """Derive the status (without progress), the new record and the operator's next action.
 
@@ -316,7 +324,8 @@ def assess(
     `progress` the trainer's status.progress (for stall detection), `workloads` Kueue's
     Workloads of batch Jobs of the job's name (of this Job or older ones), `creation_refusal` the
     message of the Job's newest FailedCreate Event, looked up only when an assessment without it
-    asked for it (Assessment.check_pod_creation).
+    asked for it (Assessment.check_pod_creation), `step_since` when the operator first saw
+    `progress.step` at its current value (for the progress deadline; None before any step).
     """
     current_pods = pods_of_job(job, pods)
     status = _StatusBuilder.start(facts, record, previous, current_pods, now)
@@ -419,6 +428,10 @@ def assess(
             else now
         )
         stalled = _stall(facts, progress, since or now, now)
+        progressing = _progressing(facts, progress, step_since, since or now, now)
+        if progressing is not None and not progressing[0]:
+            status._set("Progressing", progressing)
+            return _after_failure(status, job, Failure(PROGRESS_DEADLINE_EXCEEDED, progressing[2]))
         message = f"{len(running)}/{facts.nodes} workers running"
         if stalled[0]:
             message = f"{message}; {stalled[2]}"
@@ -427,6 +440,7 @@ def assess(
             message,
             (True, "AllWorkersRunning", f"{len(running)}/{facts.nodes} workers running"),
             stalled=stalled,
+            progressing=progressing,
         )
 
     waiting = [p for p in current_pods if p not in running and dig(p, "status", "phase") != "Succeeded"]
@@ -542,6 +556,38 @@ def _stall(
             ),
         )
     return False, "NotStalled", "training is progressing"
+
+
+def _progressing(
+    facts: RunFacts,
+    progress: dict[str, Any] | None,
+    step_since: datetime | None,
+    running_since: datetime,
+    now: datetime,
+) -> ConditionState | None:
+    """The Progressing condition of a running gang (None with the progress deadline off): False once
+    its step has not advanced for runPolicy.progressDeadlineSeconds. Until the step first moves
+    after the gang started running, it is the gang's first step, allowed FIRST_STEP_ALLOWANCE_SECONDS
+    more, counted from the start. The messages of True stay the same while it holds (no status
+    write per reconcile)."""
+    deadline = facts.progress_deadline_seconds
+    if not deadline:
+        return None
+    first = step_since is None or step_since <= running_since
+    allowed = deadline + (FIRST_STEP_ALLOWANCE_SECONDS if first else 0)
+    idle = (now - (running_since if first else step_since or running_since)).total_seconds()
+    setting = f"runPolicy.progressDeadlineSeconds={deadline}"
+    if idle < allowed:
+        if first:
+            message = (
+                f"waiting for the gang's first training step ({setting}, plus "
+                f"{FIRST_STEP_ALLOWANCE_SECONDS} s for the first step)"
+            )
+            return True, "WaitingForFirstStep", message
+        return True, "StepAdvancing", f"the training step advances within {setting}"
+    step = dig(progress, "step")
+    where = "the gang's first training step" if first else f"training step {step}"
+    return False, PROGRESS_DEADLINE_EXCEEDED, f"no progress past {where} for {int(idle)} s ({setting})"
 
 
 def remaining_deadline(facts: RunFacts, record: Record, now: datetime) -> int | None:

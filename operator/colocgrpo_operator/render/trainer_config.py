@@ -55,5 +55,14 @@ def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:
             save_final_model=spec.checkpoint.save_final_model,
             save_total_limit=spec.checkpoint.save_total_limit,
         ),
-        grpo=dict(spec.trainer_args),
+        grpo=_grpo_args(job),
     )
+
+
+def _grpo_args(job: ColocGRPOJob) -> dict[str, object]:
+    """The user's trainerArgs, with the process group's timeout (`ddp_timeout`: NCCL, gloo and
+    DeepSpeed collectives) from the progress deadline unless they set it."""
+    grpo = dict(job.spec.trainer_args)
+    if job.spec.run_policy.progress_deadline_seconds:
+        grpo.setdefault("ddp_timeout", job.spec.run_policy.collective_timeout_seconds())
+    return grpo

@@ -150,6 +150,7 @@ def trainer_command(job: ColocGRPOJob) -> list[str]:
 def trainer_env(job: ColocGRPOJob) -> list[dict[str, Any]]:
     spec = job.spec
     gpus = spec.resources.gpus_per_node
+    collective_timeout = spec.run_policy.collective_timeout_seconds()
     env: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -164,9 +165,11 @@ def trainer_env(job: ColocGRPOJob) -> list[dict[str, Any]]:
         {"name": "NUM_PROCESSES", "value": str(job.world_size)},
         {"name": "GPUS_PER_NODE", "value": str(gpus)},
         # A collective that hangs (a dead peer) must fail the pod, not hang the gang forever:
-        # async error handling tears the process down when the watchdog times out.
+        # async error handling tears the process down when the watchdog times out. The timeouts
+        # follow runPolicy.progressDeadlineSeconds (ddp_timeout in grpo.yaml sets the collectives').
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
-        {"name": "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "value": "1800"},
+        {"name": "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "value": str(collective_timeout)},
+        {"name": "DEEPSPEED_TIMEOUT", "value": str(-(-collective_timeout // 60))},  # minutes, rounded up
         {"name": "NCCL_DEBUG", "value": "WARN"},
         {"name": "HF_HOME", "value": f"{spec.cache.path}/huggingface"},
         {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
