@@ -49,6 +49,34 @@ def term(plan, phase: str, prefix: str) -> int:
     return match.bytes
 
 
+@pytest.mark.parametrize("gpu_gib", [139.8, 80.0, 40.0])
+def test_seed_job_merges_micro_batches_only_where_the_1536_token_activations_fit(gpu_gib):
+    plan = plan_from_spec(seed_spec(), gpu_memory_gib=gpu_gib)
+    merge = plan.micro_batches
+    assert merge is not None and merge.limit_gib == pytest.approx(0.95 * gpu_gib)
+    assert plan.inputs is not None and plan.inputs.sequence_tokens == 1536
+    peaks = dict(merge.peaks_gib)
+    # The factor taken fits; every larger factor of G 4 and S 4 was tried and did not.
+    assert merge.factor in (4, 2, 1) and max(peaks) == 4
+    if merge.factor > 1:
+        assert peaks[merge.factor] <= merge.limit_gib
+    assert all(peaks[k] > merge.limit_gib for k in peaks if k > merge.factor)
+    # The unmerged training phase is the plan's own; merged ones hold k x 16 rows of 1536 tokens.
+    if 1 in peaks:
+        assert peaks[1] == pytest.approx(plan.per_gpu_training_gib)
+    text = "\n".join(plan.lines())
+    assert merge.message() in text and plan.to_dict()["microBatches"]["factor"] == merge.factor
+
+
+def test_seed_job_on_h200s_merges_four_and_a_40_gib_gpu_merges_none():
+    assert plan_from_spec(seed_spec()).micro_batches.factor == 4
+    small = plan_from_spec(seed_spec(), gpu_memory_gib=40.0).micro_batches
+    assert small.factor == 1 and "over" in small.reason
+    pinned = seed_spec()
+    pinned["podTemplate"] = {"env": [{"name": "COLOCGRPO_MICRO_BATCH_MERGE", "value": "off"}]}
+    assert plan_from_spec(pinned).micro_batches.factor == 1
+
+
 def test_seed_job_fits_with_numbers():
     plan = plan_from_spec(seed_spec())
     assert plan.fits, plan.problems

@@ -14,10 +14,13 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colocgrpo_training.planner import formulas as f
 from colocgrpo_training.planner.inputs import PlanInputs, is_cpu_job, read_inputs
+
+if TYPE_CHECKING:  # micro_batches imports this module
+    from colocgrpo_training.planner.micro_batches import MicroBatchMerge, Pin
 
 GIB = f.GIB
 # Below this much free memory per GPU a plan that "fits" is flagged as tight: allocator fragmentation and
@@ -62,6 +65,8 @@ class MemoryPlan:
     inputs: PlanInputs | None = None
     # What vllm.offloadTrainerState moves to pinned host memory while vLLM generates, per GPU.
     trainer_state_offload_gib: float = 0.0
+    # The training micro-batch the trainer would run (micro_batches.py), planned against this GPU; None: not planned.
+    micro_batches: MicroBatchMerge | None = None
 
     # -- presentation -------------------------------------------------------------------------------------
 
@@ -97,6 +102,10 @@ class MemoryPlan:
                     detail = f"  ({term.detail})" if term.detail else ""
                     out.append(f"  {term.name:<44} {term.gib:8.2f} GiB{detail}")
             out.append(f"  {'total':<44} {total:8.2f} GiB")
+        if self.micro_batches is not None:
+            out.append(self.micro_batches.message())
+            for factor, peak in self.micro_batches.peaks_gib:
+                out.append(f"  merged {factor} into 1: training peak {peak:.2f} GiB")
         if self.recommended_gpu_memory_utilization is not None and self.utilization_range:
             low, high = self.utilization_range
             out.append(
@@ -125,6 +134,7 @@ class MemoryPlan:
             "recommendedGpuMemoryUtilization": self.recommended_gpu_memory_utilization,
             "utilizationRange": list(self.utilization_range) if self.utilization_range else None,
             "trainerStateOffloadGiB": r(self.trainer_state_offload_gib),
+            "microBatches": self.micro_batches.to_dict() if self.micro_batches is not None else None,
             "parameterCount": self.inputs.parameter_count if self.inputs else None,
             "shapeSource": self.inputs.shape.source if self.inputs else None,
             "approximate": bool(self.inputs and self.inputs.shape.approximate),
@@ -478,7 +488,31 @@ def plan_from_spec(
         gpu_memory_gib=gpu_memory_gib,
         annotations=annotations,
     )
-    return plan_inputs(inputs)
+    plan = plan_inputs(inputs)
+    plan.micro_batches = _micro_batches(spec, inputs)
+    return plan
+
+
+def _micro_batches(spec: Any, inputs: PlanInputs) -> MicroBatchMerge | None:
+    """The merge the trainer's processes would agree on for this spec on GPUs of `inputs.gpu_memory_gib`, with the
+    pin a job sets in `spec.podTemplate.env` (COLOCGRPO_MICRO_BATCH_MERGE); None where it cannot be planned."""
+    from colocgrpo_training.planner.micro_batches import plan_micro_batches
+
+    data = spec.model_dump(by_alias=True) if hasattr(spec, "model_dump") else spec
+    if not isinstance(data, Mapping):
+        return None
+    grpo = data.get("trainerArgs") or {}
+    env = (data.get("podTemplate") or {}).get("env") or []
+    pin_value = next((str(e.get("value", "")) for e in env if e.get("name") == "COLOCGRPO_MICRO_BATCH_MERGE"), "")
+    pin: Pin = "auto"
+    if pin_value.strip().lower() == "off":
+        pin = "off"
+    elif pin_value.strip().isdigit() and int(pin_value) >= 1:
+        pin = int(pin_value)
+    try:
+        return plan_micro_batches(grpo, inputs, world_size=inputs.nodes * inputs.gpus_per_node, pin=pin)
+    except ValueError:
+        return None  # a pinned factor the trainer refuses: the trainer's own error names it
 
 
 def plan_job(job: Any, *, gpu_memory_gib: float | None = None, base_dir: str | Path | None = None) -> MemoryPlan:
