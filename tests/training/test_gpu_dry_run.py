@@ -9,19 +9,42 @@ over gloo. What differs on the GPU machine is the hardware, not the command.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+
+from support.local_pod import ProcessTree
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "gpu" / "drivers" / "run_on_device.sh"
 LIMIT_S = 600  # the script's own deadline (DEADLINE_S) is below; past this it hangs
+
+
+def run_script(env: dict[str, str], tmp_path: Path) -> tuple[int, str]:
+    """run_on_device.sh to its end (exit status, console), or killed at LIMIT_S with every rank it started (torch's
+    launcher starts each in a process session of its own), which fails the test."""
+    with open(tmp_path / "console.log", "w") as log:
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPT)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        tree = ProcessTree(proc)
+        deadline = time.monotonic() + LIMIT_S
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                tree.refresh()
+                time.sleep(0.5)
+        finally:
+            timed_out = proc.poll() is None
+            tree.kill()
+    console = (tmp_path / "console.log").read_text(errors="replace")
+    if timed_out:
+        pytest.fail(f"run_on_device.sh did not finish within {LIMIT_S} s\n{console[-4000:]}")
+    return proc.returncode, console
 
 
 def test_the_four_gpu_command_runs_on_cpu_at_dp2_tp2(tmp_path, tiny_model_dir, trainer_env):
@@ -40,23 +63,10 @@ def test_the_four_gpu_command_runs_on_cpu_at_dp2_tp2(tmp_path, tiny_model_dir, t
         COLOCGRPO_TEST_MODEL=str(tiny_model_dir),
         DEADLINE_S="540",
     )
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # on the limit, the script and everything it started go together
-    )
-    try:
-        console, _ = proc.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        console, _ = proc.communicate()
-        pytest.fail(f"run_on_device.sh did not finish within {LIMIT_S} s\n{console[-4000:]}")
+    returncode, _ = run_script(env, tmp_path)
     summary = (out / "summary.txt").read_text()
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
-    assert proc.returncode == 0, f"{summary}\n{logs}"
+    assert returncode == 0, f"{summary}\n{logs}"
     for part in ("integrity", "learning", "bench"):
         assert re.search(rf"^{part}: rc=0 ", summary, re.M), summary
 
@@ -103,9 +113,9 @@ def test_a_seed_size_pair_against_trls_best_runs_on_cpu(tmp_path, tiny_model_dir
         COLOCGRPO_TEST_MODEL=str(tiny_model_dir),
         DEADLINE_S="400",
     )
-    proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    returncode, console = run_script(env, tmp_path)
     summary = (out / "summary.txt").read_text()
-    assert proc.returncode == 0, f"{summary}\n{proc.stdout[-3000:]}\n{(out / 'pair.log').read_text()[-3000:]}"
+    assert returncode == 0, f"{summary}\n{console[-3000:]}\n{(out / 'pair.log').read_text()[-3000:]}"
     assert re.search(r"^pair: rc=0 ", summary, re.M), summary
 
     run = json.loads((out / "pair-1.json").read_text())
