@@ -6,7 +6,7 @@ import pytest
 
 from colocgrpo_training.config import RewardSettings
 from colocgrpo_training.rewards import RewardError, resolve_reward, resolve_rewards
-from colocgrpo_training.rewards.builtin import accuracy_reward, format_reward, tag_count_reward
+from colocgrpo_training.rewards.builtin import accuracy_reward, format_reward, last_number_reward, tag_count_reward
 
 pytestmark = pytest.mark.trainer
 
@@ -80,5 +80,16 @@ def test_bad_reward_entries_are_named(spec, fragment):
     assert fragment in str(err.value)
 
 
+def test_last_number_scores_the_last_number_of_a_sentence_answer():
+    completions = [chat("10 + 4 = 14."), chat("10 + 4 = 14, not 15"), chat("The answer is fourteen."), chat("14.0")]
+    assert last_number_reward(completions, solution=["14"] * 4) == [1.0, 0.0, 0.0, 1.0]
+    assert last_number_reward(["-3"], solution=[" -3 "]) == [1.0]
+
+
+def test_last_number_skips_a_gold_answer_that_is_not_a_number():
+    assert last_number_reward([chat("x = 5"), chat("5")], solution=["$\\frac{1}{2}$", "5"]) == [None, 1.0]
+
+
 def test_resolve_reward_returns_builtin_by_name():
     assert resolve_reward("tag_count") is tag_count_reward
+    assert resolve_reward("last_number") is last_number_reward

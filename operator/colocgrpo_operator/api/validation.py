@@ -36,7 +36,7 @@ from colocgrpo_operator.api.trainer_args import trainer_args_problems
 
 # The trainer's built-ins (colocgrpo_training.rewards.builtin, which the operator must not import;
 # tests/api checks the two lists agree).
-BUILTIN_REWARDS = frozenset({"accuracy", "format", "tag_count"})
+BUILTIN_REWARDS = frozenset({"accuracy", "format", "tag_count", "last_number"})
 _MODULE_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 

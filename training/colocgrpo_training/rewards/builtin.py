@@ -16,6 +16,9 @@ from typing import Any
 FORMAT_PATTERN = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
 
 
+# A whole number or decimal, with its sign: what `last_number` reads.
+NUMBER_PATTERN = re.compile(r"-?\d+(?:\.\d+)?")
+
 # What TRL calls per batch: one score per completion (None: no score for that completion).
 RewardFunction = Callable[..., Sequence[float | None]]
 
@@ -90,8 +93,27 @@ def tag_count_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [count_tags(completion_text(c)) for c in completions]
 
 
+def last_number_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float | None]:
+    """1.0 when the last number in the completion equals the gold solution, else 0.0.
+
+    For numeric answers a small chat model gives in a sentence ("10 + 4 = 14."): no tags and no
+    LaTeX needed. Numbers compare by value (14 == 14.0). A gold solution that is not a number is
+    skipped (None).
+    """
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, solution, strict=True):
+        gold_text = str(gold).strip()
+        if not NUMBER_PATTERN.fullmatch(gold_text):
+            rewards.append(None)
+            continue
+        numbers = NUMBER_PATTERN.findall(completion_text(completion))
+        rewards.append(1.0 if numbers and float(numbers[-1]) == float(gold_text) else 0.0)
+    return rewards
+
+
 BUILTIN_REWARDS: dict[str, RewardFunction] = {
     "accuracy": accuracy_reward,
     "format": format_reward,
     "tag_count": tag_count_reward,
+    "last_number": last_number_reward,
 }
