@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
 from colocgrpo_operator.render import render_service
-from support.operator_harness import condition, tiny_job, wait_for
+from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -274,6 +275,63 @@ def test_deleting_the_namespace_is_not_a_gang_failure(cluster, kube_cluster, ope
     assert not [line for line in mine if "gang restart" in line or "-> Restarting" in line], mine
     assert not [line for line in mine if " ERROR " in line], mine
     assert "Traceback" not in log, log[-3000:]
+
+
+HOLD = "colocgrpo.dev/test-hold"
+
+
+def _hold(cluster, ns: str, pod: str, metadata: dict) -> None:
+    """A strategic merge patch of the pod's metadata: adds to or takes from its finalizers, keeping
+    the Job controller's own."""
+    cluster.api.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{pod}",
+        body={"metadata": metadata},
+        content_type="application/strategic-merge-patch+json",
+    )
+
+
+def test_a_terminating_namespace_gets_no_event_and_no_line_above_debug(cluster, kube_cluster, tmp_path) -> None:
+    """A namespace teardown deletes the pods first and waits for them to go before it deletes the
+    Jobs and the jobs: a kubelet stopping a trainer takes its grace period, and a finalizer here
+    plays that. Meanwhile a job's pods fail, and a job resumed by its user would start again: the
+    operator judges none of it, posts no Event into the namespace (it would refuse it) and logs
+    nothing above DEBUG about it."""
+    log = tmp_path / "operator.log"
+    own = OperatorProcess(Path(kube_cluster.kubeconfig), ["quiet-*"], log, extra_args=("--log-level=DEBUG",))
+    ns = kube_cluster.new_namespace("quiet")
+    held = None
+    try:
+        own.start()
+        cluster.create_job(ns, tiny_job("running", runPolicy={"maxRestarts": 5}))
+        cluster.create_job(ns, tiny_job("paused", runPolicy={"suspend": True}))
+        held = _running_pod(cluster, ns, "running")["metadata"]["name"]
+        _hold(cluster, ns, held, {"finalizers": [HOLD]})
+        _wait_phase(cluster, own, ns, "running", "Running")
+        _wait_phase(cluster, own, ns, "paused", "Suspended")
+        mark = own.log_mark()
+        kube_cluster.delete_namespace(ns)
+        wait_for(lambda: cluster.api.namespace_terminating(ns), 30, "the namespace to terminate")
+        cluster.patch_job(ns, "paused", {"spec": {"runPolicy": {"suspend": False}}})
+
+        def said(name: str) -> bool:
+            return any(f"{ns}/{name}" in line for line in own.log_since(mark).splitlines())
+
+        # The held pod failed (the fake kubelet stopped it) and "paused" was resumed: both judged.
+        wait_for(lambda: said("running") and said("paused"), 60, "the operator to look at both jobs")
+        wait_for(lambda: cluster.pods(ns, "running")[0]["status"].get("phase") == "Failed", 30, "the pod to stop")
+        time.sleep(2 * own.recheck_seconds + 1)  # a re-check of every job, twice, for what it would log
+        lines = [line for line in own.log_since(mark).splitlines() if ns in line]
+        loud = [line for line in lines if not re.match(r"\S+ \S+ DEBUG ", line)]
+        assert not loud, "\n".join(loud)
+        # kopf logs each request it makes at DEBUG: not one Event was even tried.
+        assert not [line for line in lines if f"/namespaces/{ns}/events" in line], lines
+        assert cluster.batch_jobs(ns, "paused")[0]["spec"]["suspend"] is True  # not resumed
+    finally:
+        if held is not None:
+            _hold(cluster, ns, held, {"$deleteFromPrimitiveList/finalizers": [HOLD]})
+        own.stop()
+        kube_cluster.delete_namespace(ns)
 
 
 def test_jobs_deleted_mid_reconcile_log_no_errors(cluster, operator, op_namespace) -> None:

@@ -125,6 +125,13 @@ class OperatorProcess:
 
         stop_process(self.process)
 
+    def log_mark(self) -> int:
+        """Where the log ends now (for `log_since`)."""
+        return len(self.log_path.read_text(errors="replace"))
+
+    def log_since(self, mark: int) -> str:
+        return self.log_path.read_text(errors="replace")[mark:]
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

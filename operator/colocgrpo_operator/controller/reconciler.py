@@ -242,7 +242,8 @@ class Reconciler:
             if refusal is not None:
                 assessment, desired = evidence.decide(job, first.record(), refusal)
         if await self._namespace_going(key, evidence, assessment, desired):
-            self.logger.info("%s/%s: its namespace is being deleted; nothing to judge", *key)
+            # Nothing a user could act on: the job goes with its namespace.
+            self.logger.debug("%s/%s: its namespace is being deleted; nothing to judge", *key)
             return
         creating = assessment.action is derive.Action.CREATE_JOB
         try:
@@ -274,12 +275,18 @@ class Reconciler:
     async def _namespace_going(
         self, key: Key, evidence: _Evidence, assessment: derive.Assessment, desired: dict[str, Any]
     ) -> bool:
-        """Whether the job's namespace is being deleted, asked only when a failure or pods going
-        away would change something (one GET, rarely). Pods killed by a namespace teardown are not
-        a gang failure: no restart, no count, and no phase change written or announced into a
-        namespace that refuses new Events."""
+        """Whether the job's namespace is being deleted, asked (one GET) only of a job already under
+        way whose reconcile would do or announce something: judge a failure, act on its batch Job,
+        change its phase, or raise a warning condition. A namespace teardown deletes the pods
+        first, then the Jobs, then the job itself, and each step looks like a failure or a
+        change of phase: none of it is the job's to count, write or announce (and a namespace
+        being deleted refuses new Events: kopf's poster would log every retry of each)."""
+        previous = evidence.previous
+        if not previous:
+            return False  # a new job: its creates are refused in a terminating namespace (scheduling.py)
         going = any((p.get("metadata") or {}).get("deletionTimestamp") for p in evidence.pods)
-        if assessment.failure is None and not (going and desired.get("phase") != evidence.previous.get("phase")):
+        acting = assessment.action not in (derive.Action.NONE, derive.Action.CREATE_JOB)
+        if not (going or acting or assessment.failure is not None or _announced(previous, desired)):
             return False
         terminating: bool = await self._blocking(self.kube.namespace_terminating, key[0])
         return terminating
@@ -475,6 +482,16 @@ class Reconciler:
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create_returning(job)
+
+
+def _announced(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether writing `desired` over `previous` posts an Event (`Reconciler._write_status`)."""
+    if desired.get("phase") != previous.get("phase"):
+        return True
+    return any(
+        _reason(desired, type_) == reason and _reason(previous, type_) != reason
+        for type_, reason in _WARNING_CONDITIONS
+    )
 
 
 def _reason(status: Mapping[str, Any], type_: str) -> Any:

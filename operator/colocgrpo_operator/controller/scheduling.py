@@ -199,8 +199,8 @@ class ReconcileScheduler:
                 self._retry_later(key, read_inputs, PREDECESSOR_RETRY_SECONDS, ensure_children=True)
             except KubeApiError as error:
                 if error.status == 404 or terminating_namespace(error):
-                    # The job or its namespace is going away: expected, not an error.
-                    self.logger.info("%s/%s: not reconciled, it is being deleted: %s", key[0], key[1], error.message)
+                    # The job or its namespace is going away: expected, and nothing to act on.
+                    self.logger.debug("%s/%s: not reconciled, it is being deleted: %s", key[0], key[1], error.message)
                     return
                 RECONCILE_ERRORS.labels(trigger=request.trigger).inc()
                 if not is_transient(error):
