@@ -138,10 +138,15 @@ def test_a_gang_restart_queues_again_behind_waiting_jobs_and_says_so(
     cluster.create_job(ns, gpu_job("waiting"))
     wait_phase(cluster, operator, kueue, ns, "waiting", "Queued", why="WaitingForQuota")
 
+    before, mark = operator.gang_restarts(), operator.log_mark()
     drive_pod_failure(kube_cluster.core_v1, ns, pod["metadata"]["name"], exit_code=1, message="boom")
     wait_phase(cluster, operator, kueue, ns, "waiting", "Running")
     requeued = wait_phase(cluster, operator, kueue, ns, "flaky", "Queued", why="WaitingForQuota")
     assert requeued["status"]["restarts"] == 1
+    # Counted once: the Workload's events make a second reconcile likely to see the failed Job.
+    assert operator.gang_restarts() - before == 1
+    restarts = [line for line in operator.log_since(mark).splitlines() if f"{ns}/flaky: gang restart after" in line]
+    assert len(restarts) == 1, restarts
     assert requeued["status"]["message"].startswith("queued again after the gang restart in Kueue queue gpu: ")
     assert workload_of(cluster, ns, "flaky")["metadata"]["name"] != first_workload
 

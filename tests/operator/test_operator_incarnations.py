@@ -73,6 +73,25 @@ def _log_mark(operator) -> int:
     return len(operator.log_path.read_text(errors="replace"))
 
 
+def restarts_logged(log: str, ns: str, name: str) -> list[str]:
+    """The operator's "gang restart" lines about one job."""
+    return [line for line in log.splitlines() if f"{ns}/{name}: gang restart after" in line]
+
+
+def test_a_gang_restart_is_counted_once(cluster, operator, op_namespace) -> None:
+    """One failed gang: one restart in the status, the metric and the log, however many reconciles
+    see the failed Job before it is gone (each of them deletes it again)."""
+    ns = op_namespace
+    cluster.create_job(ns, tiny_job("twice", runPolicy={"maxRestarts": 3}))
+    pod = _running_pod(cluster, ns, "twice")
+    _wait_phase(cluster, operator, ns, "twice", "Running")
+    before, mark = operator.gang_restarts(), _log_mark(operator)
+    _restart_gang(cluster, operator, ns, "twice", pod)  # until the replacement gang runs
+    assert cluster.get_job(ns, "twice")["status"]["restarts"] == 1
+    assert operator.gang_restarts() - before == 1
+    assert len(restarts_logged(_log_since(operator, mark), ns, "twice")) == 1, operator.log_tail()
+
+
 def test_status_writes_carry_the_uid_of_their_incarnation(cluster, operator, op_namespace) -> None:
     """A status patch for a deleted-and-recreated job's old uid is refused by the API server."""
     ns = op_namespace

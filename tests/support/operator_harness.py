@@ -125,6 +125,12 @@ class OperatorProcess:
 
         stop_process(self.process)
 
+    def gang_restarts(self) -> float:
+        """colocgrpo_gang_restarts_total, both labels together, as the metrics endpoint says now."""
+        from support.promql import scraped_samples
+
+        return sum(v for name, _, v in scraped_samples(self.metrics()) if name == "colocgrpo_gang_restarts_total")
+
     def log_mark(self) -> int:
         """Where the log ends now (for `log_since`)."""
         return len(self.log_path.read_text(errors="replace"))

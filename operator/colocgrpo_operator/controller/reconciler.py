@@ -264,13 +264,14 @@ class Reconciler:
             await self._write_status(key, cr, current, desired)
             return
         # Record before acting: a restart is counted before the failed Job is deleted.
+        recorded = _newly_recorded(first.record(), assessment.record)
         await self._write_record(key, cr, current, assessment.record)
         await self._write_status(key, cr, current, desired)
         if assessment.record.finished:
             # Its TTL may wait for the batch Job to finish: a change of that Job is a reason to look.
             self.schedule.wake_up()
         if not creating:  # (a Job just created has nothing more to be done to it)
-            await self._act_on_job(key, job, assessment)
+            await self._act_on_job(key, job, assessment, recorded)
 
     async def _namespace_going(
         self, key: Key, evidence: _Evidence, assessment: derive.Assessment, desired: dict[str, Any]
@@ -329,15 +330,22 @@ class Reconciler:
         await first.write()
         return assessment, desired
 
-    async def _act_on_job(self, key: Key, job: dict[str, Any] | None, assessment: derive.Assessment) -> None:
-        """What the assessment says to do to the existing batch Job, once record and status say it."""
+    async def _act_on_job(
+        self, key: Key, job: dict[str, Any] | None, assessment: derive.Assessment, recorded: bool
+    ) -> None:
+        """What the assessment says to do to the existing batch Job, once record and status say it.
+        `recorded`: this reconcile recorded the failure the assessment restarts the gang for."""
         action = assessment.action
         uid = (job.get("metadata") or {}).get("uid") if job is not None else None
         if action is derive.Action.RESTART_GANG and job is not None:
-            deleted = await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid)
-            if deleted and assessment.failure is not None:
-                GANG_RESTARTS.labels(counted=str(assessment.failure.counted).lower()).inc()
-                self.logger.warning("gang restart after %s: %s", assessment.failure.reason, assessment.failure.message)
+            failure = assessment.failure
+            if recorded and failure is not None:
+                # A restart is counted where it is recorded, once: a later reconcile that still sees
+                # the failed Job (its deletion waits for its pods, and for Kueue's Workload) deletes
+                # it again, and the API server answers that delete like the first.
+                GANG_RESTARTS.labels(counted=str(failure.counted).lower()).inc()
+                self.logger.warning("%s/%s: gang restart after %s: %s", key[0], key[1], failure.reason, failure.message)
+            await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid)
         elif action is derive.Action.STOP_JOB and job is not None:
             if await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid):
                 self.logger.info("deleted the Kueue-managed Job of suspended %s/%s", *key)
@@ -482,6 +490,12 @@ class Reconciler:
         if remaining is not None:
             job.setdefault("spec", {})["activeDeadlineSeconds"] = max(remaining, 1)
         return self.kube.create_returning(job)
+
+
+def _newly_recorded(before: Record, after: Record) -> bool:
+    """Whether `after` records a failure of a batch Job that `before` had not recorded."""
+    failed = (after.last_failure or {}).get("jobUid")
+    return failed is not None and failed != (before.last_failure or {}).get("jobUid")
 
 
 def _announced(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
