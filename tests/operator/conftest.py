@@ -11,7 +11,7 @@ import pytest
 
 from colocgrpo_operator.devcluster.api_install import install_api
 from colocgrpo_operator.devcluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
-from support.operator_harness import NAMESPACE_PATTERN, Cluster, OperatorProcess
+from support.operator_harness import NAMESPACE_PATTERN, Cluster, OperatorProcess, kueue_queues
 
 
 @pytest.fixture(scope="session")
@@ -109,32 +109,3 @@ def kueue_namespace(kube_cluster, operator, kueue, kueue_leftovers, request) -> 
     kube_cluster.kubectl("delete", "namespace", name, "--wait=false")
     kube_cluster.kubectl("delete", "clusterqueue", name, "--ignore-not-found", "--wait=false")
     kueue_leftovers += [f"namespace/{name}", f"clusterqueue/{name}"]
-
-
-def kueue_queues(namespace: str, cluster_queue: str, **cluster_queue_spec: object) -> list[dict]:
-    quota = [
-        {"name": "cpu", "nominalQuota": "64"},
-        {"name": "memory", "nominalQuota": "512Gi"},
-        {"name": "nvidia.com/gpu", "nominalQuota": 8},
-    ]
-    spec: dict = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "resourceGroups": [
-            {"coveredResources": [r["name"] for r in quota], "flavors": [{"name": "gpu", "resources": quota}]}
-        ],
-    }
-    spec.update(cluster_queue_spec)
-    return [
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue},
-            "spec": spec,
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": "gpu", "namespace": namespace},
-            "spec": {"clusterQueue": cluster_queue},
-        },
-    ]

@@ -700,3 +700,39 @@ def test_kopfs_lines_about_transient_failures_become_one_line_warnings():
     assert "ServerDisconnectedError" in gave_up.getMessage() and "\n" not in gave_up.getMessage()
     assert bug.levelno == logging.ERROR and bug.exc_info is not None  # what a human must look at stays ERROR
     assert ours.levelno == logging.ERROR  # only kopf's lines are rewritten
+
+
+def test_kopf_warning_about_absent_kueue_is_one_info_line(caplog) -> None:
+    from kopf._cogs.structs.references import Selector
+
+    from colocgrpo_operator.controller.kueue_watch import KUEUE_WORKLOADS, AbsentKueueFilter, names_only_kueue
+
+    # kopf's own text (kopf._core.reactor.observation._disable_mismatched_selectors), its selectors' own repr.
+    prefix = "Unresolved resources cannot be served (try creating their CRDs): "
+    kueue, ours = Selector(*KUEUE_WORKLOADS), Selector("colocgrpo.io", "v1alpha1", "colocgrpojobs")
+    assert names_only_kueue(f"{prefix}{kueue}")
+    assert not names_only_kueue(f"{prefix}{kueue}, {ours}") and not names_only_kueue(f"{prefix}{ours}")
+    assert not names_only_kueue(f"Ambiguous resources will not be served: {kueue}")
+
+    kopf_logger = logging.getLogger("kopf._core.reactor.observation")
+    told = logging.getLogger("colocgrpo.test.kueue")
+    only_kueue = AbsentKueueFilter(told)
+
+    def record(text: str) -> logging.LogRecord:
+        return kopf_logger.makeRecord(kopf_logger.name, logging.WARNING, __file__, 1, text, None, None)
+
+    with caplog.at_level(logging.INFO, logger="colocgrpo.test.kueue"):
+        kopf_logger.setLevel(logging.INFO)
+        try:
+            first, again, other = record(f"{prefix}{kueue}"), record(f"{prefix}{kueue}"), record(f"{prefix}{ours}")
+            assert only_kueue.filter(first) is False and only_kueue.filter(again) is False  # dropped at INFO
+            assert only_kueue.filter(other) is True and other.levelno == logging.WARNING  # a real problem stays
+            kopf_logger.setLevel(logging.DEBUG)
+            kept = record(f"{prefix}{kueue}")
+            assert only_kueue.filter(kept) is True and kept.levelno == logging.DEBUG
+        finally:
+            kopf_logger.setLevel(logging.NOTSET)
+    assert [r.getMessage() for r in caplog.records if r.name == told.name] == [
+        "Kueue's Workload API is not installed: jobs run without Kueue, and Kueue's Workloads are watched "
+        "once its CRDs appear"
+    ]

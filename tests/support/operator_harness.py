@@ -308,3 +308,34 @@ def running_pod(
         return None
 
     return wait_for(find, timeout, f"a running pod of {job} index {index}")
+
+
+def kueue_queues(namespace: str, cluster_queue: str, **cluster_queue_spec: object) -> list[dict]:
+    """A ClusterQueue of 8 GPUs (CPU and memory enough for any test job) admitting only `namespace`,
+    and its LocalQueue `gpu` there; `cluster_queue_spec` adds to the ClusterQueue's spec."""
+    quota = [
+        {"name": "cpu", "nominalQuota": "64"},
+        {"name": "memory", "nominalQuota": "512Gi"},
+        {"name": "nvidia.com/gpu", "nominalQuota": 8},
+    ]
+    spec: dict = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "resourceGroups": [
+            {"coveredResources": [r["name"] for r in quota], "flavors": [{"name": "gpu", "resources": quota}]}
+        ],
+    }
+    spec.update(cluster_queue_spec)
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": spec,
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "gpu", "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]

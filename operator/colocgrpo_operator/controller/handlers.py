@@ -10,11 +10,13 @@ Any event of a Job or pod re-reconciles the job it belongs to; one operator-wide
 loop (controller/housekeeping.py) covers stall detection and anything a dropped watch missed.
 Where Kueue is installed, a fourth index holds the Workloads of batch Jobs (Kueue's objects carry
 no label of ours), so a queued job's status can say why Kueue has not admitted it; without
-Kueue's CRD, kopf serves that resource once the CRD appears.
+Kueue's CRD, kopf serves that resource once the CRD appears, and its absence is one INFO line
+(controller/kueue_watch.py).
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +24,7 @@ import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
 from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
+from colocgrpo_operator.controller.kueue_watch import KUEUE_WORKLOADS, install_absent_kueue_filter
 from colocgrpo_operator.controller.metrics import JOB_METRICS
 from colocgrpo_operator.controller.record import RecordExtras
 from colocgrpo_operator.controller.runtime import runtime_of
@@ -39,10 +42,10 @@ from colocgrpo_operator.controller.snapshots import (
 from colocgrpo_operator.controller.startup import diffbase_of
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-# No version: kopf serves the preferred one (v1beta2 since Kueue 0.15, v1beta1 before); the fields
-# read (owner, conditions) are the same in both.
-KUEUE_WORKLOADS = ("kueue.x-k8s.io", "workloads")
 CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
+
+# Before kopf runs: its first discovery scan already names the Workloads when Kueue is absent.
+install_absent_kueue_filter(logging.getLogger("colocgrpo.operator"))
 
 
 # ----------------------------------------------------------------------------- indices
