@@ -736,3 +736,33 @@ def test_kopf_warning_about_absent_kueue_is_one_info_line(caplog) -> None:
         "Kueue's Workload API is not installed: jobs run without Kueue, and Kueue's Workloads are watched "
         "once its CRDs appear"
     ]
+
+
+def test_kopf_lines_about_events_a_terminating_namespace_refuses_are_debug() -> None:
+    from colocgrpo_operator.controller.event_refusals import TerminatingNamespaceEventFilter
+
+    poster = logging.getLogger("kopf._core.engines.posting")
+    url = "POST https://127.0.0.1:6443/api/v1/namespaces/team-a/events"
+    refusal = (
+        'APIForbiddenError(\'events "colocgrpo-" is forbidden: unable to create new content in namespace team-a '
+        "because it is being terminated', {'code': 403})"
+    )
+    # kopf's lines for one refused Event (kopf._cogs.clients.api.request, kopf._cogs.clients.events.post_event).
+    lines = [
+        (logging.WARNING, f"Request attempt #1/9 failed; will retry: {url} -> {refusal}"),
+        (logging.ERROR, f"Request attempt #9/9 failed; escalating: {url} -> {refusal}"),
+        (logging.WARNING, f"Failed to post an event. Ignoring and continuing. Code: 403. Message: {refusal}."),
+    ]
+    other = (logging.WARNING, f"Failed to post an event. Ignoring and continuing. Code: 403. Message: {url} forbidden.")
+    quiet = TerminatingNamespaceEventFilter()
+    poster.setLevel(logging.INFO)
+    try:
+        records = [poster.makeRecord(poster.name, level, __file__, 1, text, None, None) for level, text in lines]
+        assert [quiet.filter(r) for r in records] == [False, False, False]  # dropped where DEBUG is not logged
+        kept = poster.makeRecord(poster.name, other[0], __file__, 1, other[1], None, None)
+        assert quiet.filter(kept) is True and kept.levelno == logging.WARNING  # an RBAC gap, say, stays a warning
+        poster.setLevel(logging.DEBUG)
+        record = poster.makeRecord(poster.name, lines[1][0], __file__, 1, lines[1][1], None, None)
+        assert quiet.filter(record) is True and record.levelname == "DEBUG"
+    finally:
+        poster.setLevel(logging.NOTSET)

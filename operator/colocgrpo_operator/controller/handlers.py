@@ -24,6 +24,7 @@ import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
 from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
+from colocgrpo_operator.controller.event_refusals import install_event_refusal_filter
 from colocgrpo_operator.controller.kueue_watch import KUEUE_WORKLOADS, install_absent_kueue_filter
 from colocgrpo_operator.controller.metrics import JOB_METRICS
 from colocgrpo_operator.controller.record import RecordExtras
@@ -46,6 +47,7 @@ CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
 
 # Before kopf runs: its first discovery scan already names the Workloads when Kueue is absent.
 install_absent_kueue_filter(logging.getLogger("colocgrpo.operator"))
+install_event_refusal_filter()
 
 
 # ----------------------------------------------------------------------------- indices
