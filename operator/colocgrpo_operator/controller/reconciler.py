@@ -266,12 +266,14 @@ class Reconciler:
         # Record before acting: a restart is counted before the failed Job is deleted.
         recorded = _newly_recorded(first.record(), assessment.record)
         await self._write_record(key, cr, current, assessment.record)
+        if recorded:
+            self._count_restart(key, assessment)
         await self._write_status(key, cr, current, desired)
         if assessment.record.finished:
             # Its TTL may wait for the batch Job to finish: a change of that Job is a reason to look.
             self.schedule.wake_up()
         if not creating:  # (a Job just created has nothing more to be done to it)
-            await self._act_on_job(key, job, assessment, recorded)
+            await self._act_on_job(key, job, assessment)
 
     async def _namespace_going(
         self, key: Key, evidence: _Evidence, assessment: derive.Assessment, desired: dict[str, Any]
@@ -330,21 +332,21 @@ class Reconciler:
         await first.write()
         return assessment, desired
 
-    async def _act_on_job(
-        self, key: Key, job: dict[str, Any] | None, assessment: derive.Assessment, recorded: bool
-    ) -> None:
-        """What the assessment says to do to the existing batch Job, once record and status say it.
-        `recorded`: this reconcile recorded the failure the assessment restarts the gang for."""
+    def _count_restart(self, key: Key, assessment: derive.Assessment) -> None:
+        """Count and log the gang restart whose failure this reconcile has just recorded: once, as
+        the record counts it. A later reconcile that still sees the failed Job (its deletion waits
+        for its pods, and for Kueue's Workload) deletes it again, and the API server answers that
+        delete like the first: counting deletes counted such a restart twice."""
+        failure = assessment.failure
+        if assessment.action is derive.Action.RESTART_GANG and failure is not None:
+            GANG_RESTARTS.labels(counted=str(failure.counted).lower()).inc()
+            self.logger.warning("%s/%s: gang restart after %s: %s", key[0], key[1], failure.reason, failure.message)
+
+    async def _act_on_job(self, key: Key, job: dict[str, Any] | None, assessment: derive.Assessment) -> None:
+        """What the assessment says to do to the existing batch Job, once record and status say it."""
         action = assessment.action
         uid = (job.get("metadata") or {}).get("uid") if job is not None else None
         if action is derive.Action.RESTART_GANG and job is not None:
-            failure = assessment.failure
-            if recorded and failure is not None:
-                # A restart is counted where it is recorded, once: a later reconcile that still sees
-                # the failed Job (its deletion waits for its pods, and for Kueue's Workload) deletes
-                # it again, and the API server answers that delete like the first.
-                GANG_RESTARTS.labels(counted=str(failure.counted).lower()).inc()
-                self.logger.warning("%s/%s: gang restart after %s: %s", key[0], key[1], failure.reason, failure.message)
             await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid)
         elif action is derive.Action.STOP_JOB and job is not None:
             if await self._blocking(self.kube.delete, "Job", key[0], key[1], propagation="Foreground", uid=uid):
