@@ -344,7 +344,7 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
 def permission_denials(log: str) -> list[str]:
     """The operator log's lines that show a permission gap: kopf's "not enough permissions", or any
     403 ("forbidden") but the API server's refusal of a write into a namespace being deleted. A
-    cluster-wide operator sees other tests' namespaces go away, and says so at info level; that
+    cluster-wide operator sees other tests' namespaces go away, and says so (at DEBUG); that
     refusal is NamespaceLifecycle's, not RBAC's, and comes whatever the role."""
     found = []
     for line in log.splitlines():
@@ -362,7 +362,7 @@ def test_permission_denials_are_told_from_a_namespace_being_deleted():
         'cannot create resource "configmaps" in API group "" in the namespace "team-a"'
     )
     terminating = (
-        'INFO colocgrpo: fuzz-3/job-7: not reconciled, it is being deleted: configmaps "job-7-config" is '
+        'DEBUG colocgrpo: fuzz-3/job-7: not reconciled, it is being deleted: configmaps "job-7-config" is '
         "forbidden: unable to create new content in namespace fuzz-3 because it is being terminated"
     )
     kopf_gap = "WARNING kopf.activities.authentication: Not enough permissions to watch for resources"
