@@ -46,6 +46,18 @@ def varied(completions, **kwargs):
 """
 
 
+# A short GRPO run for the CPU launches: 2 rows per micro-batch, 4 generations of 6 tokens, 2 micro-batches per
+# optimizer step, a learning rate that moves the tiny model visibly.
+SHORT_RUN: dict[str, Any] = {
+    "per_device_train_batch_size": 2,
+    "num_generations": 4,
+    "max_completion_length": 6,
+    "gradient_accumulation_steps": 2,
+    "learning_rate": 0.05,
+    "seed": 5,
+}
+
+
 def cpu_pod_job(
     work: Path,
     model: Path,

@@ -30,7 +30,7 @@ import pytest
 from colocgrpo_training.failures import EXIT_INVALID_CONFIG
 from colocgrpo_training.generation.trainer import no_grad_rows
 from support import rank_probe
-from support.local_pod import Launch, cpu_pod_job, launch_pod, progress_steps, render_pod
+from support.local_pod import SHORT_RUN, Launch, cpu_pod_job, launch_pod, progress_steps, render_pod
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -204,13 +204,7 @@ def test_two_epochs_whose_windows_restart_train_as_trls_own_path(epochs, tiny_mo
 
 # -- gpu: one rank plans for a smaller GPU ----------------------------------------------------------------------------
 
-MERGE_ARGS = {
-    "max_steps": 2,
-    "per_device_train_batch_size": PER_DEVICE,
-    "num_generations": 4,
-    "max_completion_length": 6,
-    "gradient_accumulation_steps": 2,
-}
+MERGE_ARGS = {**SHORT_RUN, "max_steps": 2}
 
 
 def gpu_memory(spec: str) -> dict[str, str]:

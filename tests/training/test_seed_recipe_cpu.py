@@ -4,10 +4,10 @@
 What changes from the example is only what a CPU host and a tiny model need: the model (a tiny random Qwen2, the
 recipe's architecture, float32), the dataset (a local file with the recipe's prompt column, `problem`, and the
 `solution` its accuracy reward reads), 4 GPUs instead of 8 with TP 2 instead of 4, completions of 16 tokens instead of
-1,024 with 4 generations and 2 rows per micro-batch, and gloo. Everything else is the recipe's: the system prompt, the accuracy and format rewards with their weights, the
-cosine schedule with a warmup ratio, gradient checkpointing with use_reentrant false, max_grad_norm, the
-temperature, gradient accumulation 4, sdpa attention, prompts of up to 512 tokens, the vLLM settings the recipe
-gives.
+1,024 with 4 generations and 2 rows per micro-batch, and gloo. Everything else is the recipe's: the system prompt,
+the accuracy and format rewards with their weights, the cosine schedule with a warmup ratio, gradient checkpointing
+with use_reentrant false, max_grad_norm, the temperature, gradient accumulation 4, sdpa attention, prompts of up to
+512 tokens, the vLLM settings the recipe gives.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def test_the_seed_recipes_options_train_three_steps_at_world_4_tp_2(tmp_path, ti
     assert max(run.progress_steps()) == STEPS, run.tail()
     logged = [r["logs"] for r in run.events(0, "log") if "loss" in r["logs"]]
     # logging_first_step with logging_steps 5: step 1 is logged, with both rewards and the scheduler's warmup.
-    assert logged and {"rewards/accuracy_reward/mean", "rewards/format_reward/mean", "learning_rate"} <= logged[0].keys()
+    expected = {"rewards/accuracy_reward/mean", "rewards/format_reward/mean", "learning_rate"}
+    assert logged and expected <= logged[0].keys()
     assert logged[0]["learning_rate"] < kept["trainerArgs"]["learning_rate"]  # warming up, not at the peak
     # Every rank built its engine at the job's TP size and generated with the recipe's system prompt.
     for rank in range(WORLD):

@@ -17,7 +17,7 @@ import pytest
 
 from colocgrpo_training.checkpoints import COMPLETE_MARKER
 from support import rank_probe
-from support.local_pod import Launch, ProcessTree, cpu_pod_job, launch_gang, progress_steps, render_gang
+from support.local_pod import SHORT_RUN, Launch, ProcessTree, cpu_pod_job, launch_gang, progress_steps, render_gang
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -45,15 +45,7 @@ def job(root: Path, work: Path, model: Path, max_steps: int) -> dict:
             "saveSteps": SAVE_STEPS,
             "saveFinalModel": False,
         },
-        trainer_args={
-            "max_steps": max_steps,
-            "per_device_train_batch_size": 2,
-            "num_generations": 4,
-            "max_completion_length": 6,
-            "gradient_accumulation_steps": 2,
-            "learning_rate": 0.05,
-            "seed": 5,
-        },
+        trainer_args={**SHORT_RUN, "max_steps": max_steps},
     )
 
 
