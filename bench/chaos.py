@@ -1,9 +1,12 @@
-"""Chaos trials: bursts of jobs, deletes, same-name recreations, pod failures, suspends, and the
-operator SIGKILLed at random moments; then settle and check that nothing went wrong.
+"""Chaos trials: bursts of jobs, deletes, same-name recreations, pod failures, suspends, the
+operator SIGKILLed and the API server restarted at random moments, a trainer whose step stops
+moving; then settle and check that nothing went wrong.
 
 Each trial, in a namespace of its own, against the real local control plane:
-- a burst of `--jobs` ColocGRPOJobs, CPU- and GPU-shaped, some created suspended;
-- while the operator is SIGKILLed 2-3 times (and restarted after a random pause): jobs deleted,
+- a burst of `--jobs` ColocGRPOJobs, CPU- and GPU-shaped, some created suspended, and one more
+  with a short progress deadline whose stand-in trainer reports steps 1 and 2, then nothing;
+- while the operator is SIGKILLed 2-3 times (and restarted after a random pause) and kube-apiserver
+  is crashed and restarted `--apiserver-restarts` times (a local dev cluster only): jobs deleted,
   jobs deleted and created again under the same name with a pod failure in flight, pod failures,
   suspends and resumes;
 - settle (every job's status current), then check:
@@ -14,7 +17,8 @@ Each trial, in a namespace of its own, against the real local control plane:
     before the job's creation, restarts no more than the pod failures this incarnation had;
   * nothing orphaned (no child of a deleted job left in the trial's namespace once garbage
     collection has run);
-  * no Python traceback in the trial's operator log.
+  * the stalled trainer's gang restarted for ProgressDeadlineExceeded;
+  * no Python traceback and no ERROR line in the trial's operator log.
 
 With `--workers N`, N trials run at once against the same cluster, each in its own namespace with
 its own operator process (and log); trial i uses seed*1000+i whatever the worker count. Trials
@@ -22,8 +26,8 @@ its own operator process (and log); trial i uses seed*1000+i whatever the worker
 number of trials done.
 
 Usage: python -m bench.chaos [--trials 100] [--jobs 10] [--seed 1] [--workers 1] [--first 0]
-                             [--time-budget SECONDS] [--kubeconfig FILE] [--cluster-name colocgrpo-chaos]
-                             [--out FILE]
+                             [--apiserver-restarts 1] [--time-budget SECONDS] [--kubeconfig FILE]
+                             [--cluster-name colocgrpo-chaos] [--out FILE]
 Prints one JSON line per trial as it finishes and a summary (JSON) at the end, with --out also into
 FILE; exit 1 if any check failed.
 docs/benchmarks/chaos.md records runs.
@@ -134,6 +138,11 @@ class Operator:
         lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         return [" | ".join(lines[max(0, i - 1) : i + 4]) for i, line in enumerate(lines) if "Traceback" in line]
 
+    def errors(self) -> list[str]:
+        """Every ERROR (or CRITICAL) line in the log."""
+        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        return [line for line in lines if " ERROR " in line or " CRITICAL " in line]
+
 
 def job_body(name: str, rng: random.Random, suspended: bool = False) -> dict[str, Any]:
     """examples/tiny-cpu.yaml, made small; CPU- or GPU-shaped at random (the fake nodes have 8 GPUs)."""
@@ -150,19 +159,37 @@ def job_body(name: str, rng: random.Random, suspended: bool = False) -> dict[str
     return body
 
 
+# How long the trials' own calls keep retrying while the API server is away (a restart fault).
+API_BACK_SECONDS = 120.0
+
+
 class Cluster:
-    """The few API calls the trials make, through the operator's own client."""
+    """The few API calls the trials make, through the operator's own client. Each is retried while
+    the API server is away (a transient failure, controller/transient.py), so a restart fault
+    delays the trial's disturbances instead of failing it."""
 
     def __init__(self, kubeconfig: Path):
         from colocgrpo_operator.controller.kube import KubeApi
 
         self.api = KubeApi.from_kubeconfig(kubeconfig, field_manager="colocgrpo-chaos", pool_size=8)
 
+    def request(self, method: str, path: str, **options: Any) -> dict[str, Any] | None:
+        from colocgrpo_operator.controller.transient import is_transient
+
+        deadline = time.monotonic() + API_BACK_SECONDS
+        while True:
+            try:
+                return self.api.request(method, path, **options)
+            except Exception as error:
+                if not is_transient(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def get(self, path: str) -> dict[str, Any] | None:
         from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
-            return self.api.request("GET", path)
+            return self.request("GET", path)
         except KubeApiError as error:
             if error.status == 404:
                 return None
@@ -170,7 +197,7 @@ class Cluster:
 
     def items(self, prefix: str, plural: str, namespace: str, selector: str | None = JOB_LABEL) -> list[dict[str, Any]]:
         query = {"labelSelector": selector} if selector else None
-        listing = self.api.request("GET", f"{prefix}/namespaces/{namespace}/{plural}", query=query) or {}
+        listing = self.request("GET", f"{prefix}/namespaces/{namespace}/{plural}", query=query) or {}
         items: list[dict[str, Any]] = listing.get("items") or []
         return items
 
@@ -178,15 +205,38 @@ class Cluster:
         return self.items(GROUP_PATH, "colocgrpojobs", namespace, None)
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        created = self.api.request("POST", f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs", body=body)
+        from colocgrpo_operator.controller.kube import KubeApiError
+
+        try:
+            created = self.request("POST", f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs", body=body)
+        except KubeApiError as error:
+            if error.status != 409:
+                raise
+            # A create whose answer a restart cut off, tried again: it is there.
+            created = self.get(f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs/{body['metadata']['name']}")
         return created or {}
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self.api.delete("ColocGRPOJob", namespace, name)
+        from colocgrpo_operator.controller.kube import KubeApiError
+
+        try:
+            self.request("DELETE", f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs/{name}")
+        except KubeApiError as error:
+            if error.status != 404:
+                raise
 
     def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         path = f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs/{name}"
-        self.api.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    def report_progress(self, namespace: str, name: str, uid: str, step: int) -> None:
+        """Report `step` the way the trainer does (bound to the job's uid, colocgrpo_training.config)."""
+        from colocgrpo_training.config import JobRef
+
+        progress = {"step": step, "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        body, content_type = JobRef(name=name, namespace=namespace, uid=uid).progress_patch(progress)
+        path = f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs/{name}/status"
+        self.request("PATCH", path, body=body, content_type=content_type)
 
     def fail_a_pod(self, namespace: str, job: str, rng: random.Random) -> bool:
         """Make one running pod of `job` exit 1 (KWOK's fake-exit stage); False if none runs."""
@@ -201,7 +251,7 @@ class Cluster:
             return False
         pod = rng.choice(running)
         try:
-            self.api.request(
+            self.request(
                 "PATCH",
                 f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
                 body={"metadata": {"annotations": {EXIT_ANNOTATION: "1"}}},
@@ -214,13 +264,13 @@ class Cluster:
         return True
 
     def new_namespace(self, name: str) -> None:
-        self.api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+        self.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
 
     def delete_namespace(self, name: str) -> None:
         from colocgrpo_operator.controller.kube import KubeApiError
 
         try:
-            self.api.request("DELETE", f"/api/v1/namespaces/{name}")
+            self.request("DELETE", f"/api/v1/namespaces/{name}")
         except KubeApiError as error:
             if error.status != 404:
                 raise
@@ -235,6 +285,7 @@ class Incarnation:
     created: str  # creationTimestamp
     pod_failures: int = 0
     deleted: bool = False
+    stalled: bool = False  # its trainer stopped reporting after step 2
 
 
 @dataclass
@@ -246,6 +297,7 @@ class Trial:
     incarnations: list[Incarnation] = field(default_factory=list)
     actions: dict[str, int] = field(default_factory=dict)
     kills: int = 0
+    apiserver_restarts: int = 0
     problems: list[str] = field(default_factory=list)
     settle_seconds: float = 0.0
 
@@ -257,7 +309,46 @@ class Trial:
         return live[-1] if live else None
 
 
-def run_trial(cluster: Cluster, kubeconfig: Path, trial: Trial, jobs: int, work: Path, src: Path) -> Trial:
+# The stalled trainer's job: a progress deadline short enough to be met within a trial.
+STALL_DEADLINE_SECONDS = 6
+
+
+def can_restart_apiserver(kubeconfig: Path) -> bool:
+    """Whether the cluster is a local dev cluster, whose kube-apiserver a trial may restart."""
+    return (Path(kubeconfig).resolve().parent / "pids" / "kube-apiserver.pid").is_file()
+
+
+def restart_apiserver(cluster: Cluster, kubeconfig: Path, namespace: str) -> None:
+    """Crash and restart kube-apiserver, and wait until it serves ColocGRPOJobs again."""
+    from colocgrpo_operator.devcluster.cluster import restart_component
+
+    restart_component(kubeconfig, "kube-apiserver")
+    cluster.jobs(namespace)  # retried until the API server answers (Cluster.request)
+
+
+def stall_after_step_two(cluster: Cluster, namespace: str, incarnation: Incarnation, timeout: float = 60) -> None:
+    """The stand-in trainer of the stalled job: steps 1 and 2 once its gang runs, then nothing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cluster.get(f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs/{incarnation.name}") or {}
+        if (job.get("status") or {}).get("phase") == "Running":
+            cluster.report_progress(namespace, incarnation.name, incarnation.uid, 1)
+            time.sleep(1)
+            cluster.report_progress(namespace, incarnation.name, incarnation.uid, 2)
+            incarnation.stalled = True
+            return
+        time.sleep(0.3)
+
+
+def run_trial(
+    cluster: Cluster,
+    kubeconfig: Path,
+    trial: Trial,
+    jobs: int,
+    work: Path,
+    src: Path,
+    apiserver_restarts: int = 0,
+) -> Trial:
     rng = random.Random(trial.seed)
     namespace = trial.namespace
     cluster.new_namespace(namespace)
@@ -274,6 +365,13 @@ def run_trial(cluster: Cluster, kubeconfig: Path, trial: Trial, jobs: int, work:
 
         for name in names:
             create(name, suspended=rng.random() < 0.2)
+        stalled = job_body("stalled", rng)
+        stalled["spec"]["runPolicy"] = {"progressDeadlineSeconds": STALL_DEADLINE_SECONDS, "maxRestarts": 3}
+        created = cluster.create_job(namespace, stalled)
+        stalled_one = Incarnation("stalled", created["metadata"]["uid"], created["metadata"]["creationTimestamp"])
+        trial.incarnations.append(stalled_one)
+        stalling = threading.Thread(target=stall_after_step_two, args=(cluster, namespace, stalled_one), daemon=True)
+        stalling.start()
 
         # The disturbances, in random order, with 2-3 SIGKILLs (and restarts) among them.
         actions: list[tuple[str, str]] = []
@@ -288,6 +386,8 @@ def run_trial(cluster: Cluster, kubeconfig: Path, trial: Trial, jobs: int, work:
             elif roll < 0.70:
                 actions.append(("toggle-suspend", name))
         actions += [("kill", "")] * rng.choice([2, 3])
+        if can_restart_apiserver(kubeconfig):
+            actions += [("apiserver-restart", "")] * apiserver_restarts
         rng.shuffle(actions)
 
         def wait_running(name: str, timeout: float = 20) -> bool:
@@ -308,6 +408,9 @@ def run_trial(cluster: Cluster, kubeconfig: Path, trial: Trial, jobs: int, work:
                 trial.kills += 1
                 time.sleep(rng.uniform(0, 2.0))
                 operator.start()
+            elif action == "apiserver-restart":
+                restart_apiserver(cluster, kubeconfig, namespace)
+                trial.apiserver_restarts += 1
             elif action == "delete" and incarnation:
                 cluster.delete_job(namespace, name)
                 incarnation.deleted = True
@@ -333,10 +436,13 @@ def run_trial(cluster: Cluster, kubeconfig: Path, trial: Trial, jobs: int, work:
                 cluster.patch_job(namespace, name, {"spec": {"runPolicy": {"suspend": not suspended}}})
         if not operator.alive():
             operator.start()
+        stalling.join(timeout=60)
+        trial.count("stall")
         started = time.monotonic()
         trial.problems += settle_and_check(cluster, trial, operator)
         trial.settle_seconds = round(time.monotonic() - started, 1)
         trial.problems += [f"traceback in the operator log: {t}" for t in operator.tracebacks()]
+        trial.problems += [f"ERROR in the operator log: {line}" for line in operator.errors()]
     finally:
         operator.stop()
         cluster.delete_namespace(namespace)
@@ -432,8 +538,10 @@ def check(cluster: Cluster, trial: Trial) -> list[str]:
         if created and started and started < created:
             problems.append(f"{name}: startTime {status.get('startTime')} before creation {meta['creationTimestamp']}")
         restarts = int(status.get("restarts") or 0)
-        if restarts > incarnation.pod_failures:
+        if restarts > incarnation.pod_failures + incarnation.stalled:
             problems.append(f"{name}: {restarts} restarts, {incarnation.pod_failures} pod failures injected")
+        if incarnation.stalled and (restarts < 1 or failure.get("reason") != "ProgressDeadlineExceeded"):
+            problems.append(f"{name}: its stalled trainer was not restarted (restarts {restarts}, {failure})")
     return problems
 
 
@@ -446,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="trial i uses seed*1000+i")
     parser.add_argument("--workers", type=int, default=1, help="trials run at once, each with its own operator")
     parser.add_argument("--first", type=int, default=0, help="the first trial's number (to go on with a run)")
+    parser.add_argument(
+        "--apiserver-restarts", type=int, default=1, help="kube-apiserver crashes per trial (local dev cluster only)"
+    )
     parser.add_argument("--time-budget", type=float, default=None, help="start no trial after this many seconds")
     parser.add_argument("--kubeconfig", default=None, help="default: start/reuse a local dev cluster")
     parser.add_argument("--cluster-name", default="colocgrpo-chaos")
@@ -466,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
         seed = args.seed * 1000 + number
         trial = Trial(number, seed, f"chaos-{seed}-{uuid.uuid4().hex[:4]}", worker)
         try:
-            run_trial(clusters[worker], kubeconfig, trial, args.jobs, work, Path(args.operator_src))
+            run_trial(
+                clusters[worker], kubeconfig, trial, args.jobs, work, Path(args.operator_src), args.apiserver_restarts
+            )
         except Exception as error:  # e.g. the operator did not come up: a failed trial, not a lost run
             trial.problems.append(f"the trial could not run: {error!r}")
         return trial
@@ -506,6 +619,7 @@ def trial_summary(trial: Trial) -> dict[str, Any]:
         "worker": trial.worker,
         "jobs": len(trial.incarnations),
         "kills": trial.kills,
+        "apiserver_restarts": trial.apiserver_restarts,
         "actions": trial.actions,
         "settle_seconds": trial.settle_seconds,
         "problems": trial.problems,
@@ -522,6 +636,7 @@ def summarize(trials: list[Trial], seconds: float, work: Path) -> dict[str, Any]
         "failed_trials": sum(1 for t in trials if t.problems),
         "jobs": sum(len(t.incarnations) for t in trials),
         "sigkills": sum(t.kills for t in trials),
+        "apiserver_restarts": sum(t.apiserver_restarts for t in trials),
         "actions": actions,
         "problems": [f"trial {t.number} (seed {t.seed}): {p}" for t in trials for p in t.problems],
         "settle_seconds_max": max((t.settle_seconds for t in trials), default=0.0),
