@@ -189,6 +189,11 @@ class _ChildCreator:
     def apply(self, child: dict) -> None:
         raise KubeApiError(422, "Invalid", '{"message": "Only one reference can have Controller set to true"}')
 
+    def get(self, kind: str, namespace: str, name: str) -> dict:
+        # Held by some other owner (not a job of the same name): waited for, never deleted.
+        owner = {"kind": "ConfigMap", "name": "holder", "uid": "holder-uid", "controller": True}
+        return {"kind": kind, "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner]}}
+
 
 def _apply_children(kube: _ChildCreator, nodes: int = 1) -> None:
     body = tiny()

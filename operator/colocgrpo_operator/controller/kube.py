@@ -260,6 +260,15 @@ class KubeApi:
                 return None
             raise
 
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object; None when there is none (404)."""
+        try:
+            return self.request("GET", object_path(kind, namespace, name))
+        except KubeApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
     def delete(
         self, kind: str, namespace: str, name: str, *, propagation: str = "Background", uid: str | None = None
     ) -> bool:

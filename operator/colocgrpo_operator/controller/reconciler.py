@@ -215,8 +215,11 @@ class Reconciler:
             await self._write_status(key, cr, current, desired)
             return
         # A Job of the same name that this job does not own (a predecessor with the same name
-        # still being garbage-collected) is not ours to judge; creating ours waits for it.
+        # still being garbage-collected) is not ours to judge; creating ours waits for it. One of
+        # a deleted job of the same name is removed at once (`_predecessors`).
         if job is not None and not owned_by(job, meta.get("uid")):
+            if _predecessors(job, cr):
+                await self._blocking(self._delete_predecessors, "Job", key[0], job)
             job = None
         # Only pods of this incarnation's Job are its evidence: a predecessor's pod failing in
         # flight must not count as this job's failure.
@@ -480,8 +483,23 @@ class Reconciler:
             self.kube.apply(child)
         except KubeApiError as error:
             if error.status == 422 and _SECOND_CONTROLLER in error.message:
-                raise PredecessorPending(f"{child['kind']} {child['metadata']['name']}") from error
+                meta = child["metadata"]
+                existing = self.kube.get(child["kind"], meta["namespace"], meta["name"])
+                if existing is not None and _predecessors(existing, _owner_of(child)):
+                    self._delete_predecessors(child["kind"], meta["namespace"], existing)
+                raise PredecessorPending(f"{child['kind']} {meta['name']}") from error
             raise
+
+    def _delete_predecessors(self, kind: str, namespace: str, obj: dict[str, Any]) -> None:
+        """Delete a child of a deleted job of the same name (that very object: a uid precondition).
+        The garbage collector would, but it can miss such an owner for good: replaced under the
+        same name while its watch was down (an API server restart), the owner never looks deleted
+        to it, and the new job would wait forever. A Job goes in the foreground (its pods first)."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        propagation = "Foreground" if kind == "Job" else "Background"
+        if self.kube.delete(kind, namespace, name, propagation=propagation, uid=meta.get("uid")):
+            self.logger.info("%s: removed %s %s of a deleted job of the same name", namespace, kind, name)
 
     def _create_job(
         self, job: dict[str, Any], facts: derive.RunFacts, record: Record, now: datetime
@@ -512,6 +530,23 @@ def _announced(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
 
 def _reason(status: Mapping[str, Any], type_: str) -> Any:
     return (condition_of(dict(status), type_) or {}).get("reason")
+
+
+def _predecessors(obj: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """Whether `obj` belongs to a ColocGRPOJob of `job`'s name but another uid, and not to `job`: a
+    deleted predecessor's (names are unique, so that job is gone)."""
+    meta = job.get("metadata") or {}
+    owners = [o for o in (obj.get("metadata") or {}).get("ownerReferences") or [] if isinstance(o, Mapping)]
+    return not any(o.get("uid") == meta.get("uid") for o in owners) and any(
+        o.get("kind") == KIND and o.get("name") == meta.get("name") for o in owners
+    )
+
+
+def _owner_of(child: Mapping[str, Any]) -> dict[str, Any]:
+    """The job a rendered child is adopted by (its ColocGRPOJob owner reference), as a job's metadata."""
+    owners = (child.get("metadata") or {}).get("ownerReferences") or []
+    owner = next((o for o in owners if isinstance(o, Mapping) and o.get("kind") == KIND), {})
+    return {"metadata": {"name": owner.get("name"), "uid": owner.get("uid")}}
 
 
 def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
