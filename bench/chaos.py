@@ -318,12 +318,17 @@ def can_restart_apiserver(kubeconfig: Path) -> bool:
     return (Path(kubeconfig).resolve().parent / "pids" / "kube-apiserver.pid").is_file()
 
 
+# One restart at a time: workers share the one API server.
+_RESTART_LOCK = threading.Lock()
+
+
 def restart_apiserver(cluster: Cluster, kubeconfig: Path, namespace: str) -> None:
     """Crash and restart kube-apiserver, and wait until it serves ColocGRPOJobs again."""
     from colocgrpo_operator.devcluster.cluster import restart_component
 
-    restart_component(kubeconfig, "kube-apiserver")
-    cluster.jobs(namespace)  # retried until the API server answers (Cluster.request)
+    with _RESTART_LOCK:
+        restart_component(kubeconfig, "kube-apiserver")
+        cluster.jobs(namespace)  # retried until the API server answers (Cluster.request)
 
 
 def stall_after_step_two(cluster: Cluster, namespace: str, incarnation: Incarnation, timeout: float = 60) -> None:
