@@ -126,15 +126,25 @@ def test_status_schema_is_closed_and_metrics_are_numbers(schema):
 
 
 def test_free_form_only_where_kubernetes_types_pass_through(schema):
+    from colocgrpo_operator.api.trainer_args import OWNED_KEYS, REFUSED_KEYS, RENAMED_KEYS, grpo_config_fields
+
     free = {path for path, node in _walk(schema) if node.get("x-kubernetes-preserve-unknown-fields")}
-    assert free == {
-        ".spec.trainerArgs[*]",
-        ".spec.scheduling.tolerations[]",
-        ".spec.scheduling.affinity",
-        ".spec.podTemplate.env[]",
+    # trainerArgs names each GRPOConfig argument no typed field sets (any value); other keys are unknown fields.
+    trainer_args = {path for path in free if path.startswith(".spec.trainerArgs.")}
+    allowed = grpo_config_fields() - set(OWNED_KEYS) - set(REFUSED_KEYS) - set(RENAMED_KEYS)
+    assert trainer_args == {f".spec.trainerArgs.{key}" for key in allowed}
+    assert "additionalProperties" not in schema["properties"]["spec"]["properties"]["trainerArgs"]
+    assert free - trainer_args == {
+        ".spec.scheduling.affinity.nodeAffinity",
+        ".spec.scheduling.affinity.podAffinity",
+        ".spec.scheduling.affinity.podAntiAffinity",
+        ".spec.podTemplate.env[].valueFrom",
         ".spec.podTemplate.volumes[]",
         ".spec.podTemplate.volumeMounts[]",
     }
+    tolerations = schema["properties"]["spec"]["properties"]["scheduling"]["properties"]["tolerations"]["items"]
+    assert set(tolerations["properties"]) == {"key", "operator", "value", "effect", "tolerationSeconds"}
+    assert len(tolerations["x-kubernetes-validations"]) == 3
 
 
 def test_every_string_and_list_is_bounded_for_cel_cost(schema):
@@ -152,7 +162,9 @@ def test_bounds_in_openapi_v3_0_form(schema):
     util = vllm["gpuMemoryUtilization"]
     assert (util["minimum"], util["exclusiveMinimum"], util["maximum"], util["exclusiveMaximum"]) == (0, True, 1, True)
     nodes = schema["properties"]["spec"]["properties"]["resources"]["properties"]["nodes"]
-    assert nodes["minimum"] == 1 and "maximum" not in nodes
+    assert (nodes["minimum"], nodes["maximum"]) == (1, 4096)
+    gpus = schema["properties"]["spec"]["properties"]["resources"]["properties"]["gpusPerNode"]
+    assert (gpus["minimum"], gpus["maximum"]) == (0, 64)
 
 
 def test_cel_rules_cover_the_cross_field_contract(schema):

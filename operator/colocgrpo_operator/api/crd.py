@@ -29,7 +29,8 @@ from colocgrpo_operator.api.naming import (
     SINGULAR,
     VERSION,
 )
-from colocgrpo_operator.api.validation import MULTI_NODE_RESUME_NEEDS_A_CLAIM, MUTABLE_AFTER_START
+from colocgrpo_operator.api.trainer_args import OWNED_KEYS, REFUSED_KEYS, RENAMED_KEYS, grpo_config_fields
+from colocgrpo_operator.api.validation import MULTI_NODE_RESUME_NEEDS_A_CLAIM, MUTABLE_AFTER_START, TOLERATION_RULES
 
 _DROPPED_KEYWORDS = {"title", "$defs", "examples"}
 
@@ -152,6 +153,17 @@ def _spec_rules() -> list[dict[str, Any]]:
             "reason": "FieldValueRequired",
         },
     ]
+
+
+def _name_trainer_args(schema: dict[str, Any]) -> None:
+    """trainer_args.trainer_args_problems for the keys, in the schema: trainerArgs lists every
+    GRPOConfig argument that no typed field sets, each of any value. Any other key is an unknown
+    field, refused like any other (kubectl's strict field validation; a client that does not ask
+    for it has the key dropped), so the operator never meets one. No CEL: the API server cannot
+    build CEL declarations for untyped values, and then leaves trainerArgs out of its parent's."""
+    value = schema.pop("additionalProperties")
+    allowed = sorted(grpo_config_fields() - set(OWNED_KEYS) - set(REFUSED_KEYS) - set(RENAMED_KEYS))
+    schema["properties"] = {key: dict(value) for key in allowed}
 
 
 def _trainer_state_offload_rules() -> list[dict[str, Any]]:
@@ -281,10 +293,9 @@ def generate_crd() -> dict[str, Any]:
     status_schema = model_schema(ColocGRPOJobStatus, keep_defaults=False)
     spec_schema["x-kubernetes-validations"] = _spec_rules()
     spec_schema["properties"]["deepspeed"]["x-kubernetes-validations"] = _deepspeed_rules()
-    # No CEL on trainerArgs: its values are untyped (any JSON), and the API server cannot build
-    # CEL type declarations for such a map ("unable to convert structural schema to CEL
-    # declarations"), so the CRD would not install. parse_job checks its keys; the operator
-    # reports them as SpecValid=False/InvalidSpec naming spec.trainerArgs.<key>.
+    _name_trainer_args(spec_schema["properties"]["trainerArgs"])
+    tolerations = spec_schema["properties"]["scheduling"]["properties"]["tolerations"]["items"]
+    tolerations["x-kubernetes-validations"] = [{"rule": rule, "message": message} for rule, message in TOLERATION_RULES]
     root = {
         "type": "object",
         "description": "A GRPO training run: vLLM colocated in DeepSpeed ZeRO-3 training processes.",

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import enum
 import re
+import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 
 from colocgrpo_operator.api.naming import TRAINER_GID, TRAINER_UID
@@ -28,6 +29,26 @@ from colocgrpo_training.config import SleepPolicy
 MAX_SHORT_STRING = 253
 MAX_LONG_STRING = 65536
 MAX_LIST_ITEMS = 64
+# Upper bounds of counts, so that what the API server admits is what the operator can run (a
+# value past them is a typo, never a plan): the largest GPU nodes have 16 GPUs, the largest
+# training gangs some thousands of nodes; token and step counts stay within 32 bits.
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_RESTARTS = 1000
+MAX_TOKENS = 2**31 - 1
+MAX_STEPS = 2**31 - 1
+MAX_PARAMETERS = 10**15
+MAX_UNIX_ID = 2**31 - 1
+MAX_REWARD_WEIGHT = 1e6
+# A reward function: a built-in, or module:function from spec.rewardModules.
+# The trainer's built-ins (colocgrpo_training.rewards.builtin, which the operator must not import;
+# tests/api checks the two lists agree).
+BUILTIN_REWARDS = frozenset({"accuracy", "format", "tag_count", "last_number"})
+MODULE_FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# The same as one pattern, for the CRD (validation.spec_problems says which it is in words).
+REWARD_FUNCTION_PATTERN = "^(" + "|".join(sorted(BUILTIN_REWARDS)) + "|" + MODULE_FUNCTION_PATTERN[1:-1] + ")$"
+# The API server's integers are 64-bit.
+INT64_RANGE = range(-(2**63), 2**63)
 MAX_MAP_ENTRIES = 256
 
 # Kubernetes resource quantity ("8", "32Gi", "500m", or a plain integer).
@@ -69,6 +90,32 @@ def _free_form(description: str) -> Any:
     return WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description})
 
 
+def _scalar_kinds(annotation: Any) -> set[type]:
+    """The JSON scalar types (bool, int, float, str) a field of this type holds; empty for others."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _scalar_kinds(typing.get_args(annotation)[0])
+    if origin in (typing.Union, type(int | str)):
+        return set().union(*(_scalar_kinds(arg) for arg in typing.get_args(annotation) if arg is not type(None)))
+    return {annotation} if annotation in (bool, int, float, str) else set()
+
+
+def _json_type_problem(kinds: set[type], value: Any) -> str | None:
+    """What the API server's schema would say of `value` for a field of these scalar kinds, where
+    pydantic would convert it instead (true for 1, "3" for 3, "yes" for true)."""
+    if not kinds or value is None:
+        return None
+    if isinstance(value, bool):
+        return None if bool in kinds else f"must be {'a number' if kinds & {int, float} else 'a string'}, not {value}"
+    if bool in kinds and kinds == {bool}:
+        return f"must be true or false, not {value!r}"
+    if isinstance(value, str) and str not in kinds:
+        return f"must be a number, not the string {value!r}"
+    if isinstance(value, int) and value not in INT64_RANGE:
+        return f"{value} is out of the API's 64-bit integer range"
+    return None
+
+
 class _Spec(BaseModel):
     """Base of every API object: camelCase on the wire, unknown fields are an error."""
 
@@ -79,11 +126,44 @@ class _Spec(BaseModel):
         use_enum_values=False,
     )
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _as_the_api_server_reads_it(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each field as the API server's schema reads it: a null is a field left out (its default
+        applies); a value of another JSON type is refused where pydantic would convert it (true
+        for 1, "3" for 3, "yes" for true)."""
+        return _api_server_reading(cls, info.field_name, value)
+
 
 class _KubernetesObject(BaseModel):
     """A Kubernetes core object we only name a few fields of; the rest passes through."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _as_the_api_server_reads_it(cls, value: Any, info: ValidationInfo) -> Any:
+        """As `_Spec`'s, for the fields it names."""
+        return _api_server_reading(cls, info.field_name, value)
+
+
+def _api_server_reading(model: type[BaseModel], name: str | None, value: Any) -> Any:
+    field = model.model_fields.get(name or "")
+    if field is None:
+        return value
+    if value is None:
+        return None if field.is_required() else field.get_default(call_default_factory=True)
+    annotation, values = field.annotation, [value]
+    if typing.get_origin(annotation) is dict and isinstance(value, dict):
+        annotation, values = typing.get_args(annotation)[1], list(value.values())
+        if _scalar_kinds(annotation):  # a map of quantities: its nulls are left out too
+            value = {key: item for key, item in value.items() if item is not None}
+            values = list(value.values())
+    kinds = _scalar_kinds(annotation)
+    for item in values:
+        if (problem := _json_type_problem(kinds, item)) is not None:
+            raise ValueError(problem)
+    return value
 
 
 # ----------------------------------------------------------------------------- spec
@@ -107,7 +187,10 @@ class ModelSpec(_Spec):
         ),
     )
     parameter_count: int | None = Field(
-        default=None, gt=0, description="Number of parameters, for the memory planner when the config is not at hand."
+        default=None,
+        gt=0,
+        le=MAX_PARAMETERS,
+        description="Number of parameters, for the memory planner when the config is not at hand.",
     )
 
 
@@ -128,7 +211,10 @@ class DatasetSpec(_Spec):
         default=None, description="Jinja chat template overriding the tokenizer's."
     )
     max_prompt_tokens: int | None = Field(
-        default=None, gt=0, description="Prompts longer than this many tokens are truncated (from the left)."
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="Prompts longer than this many tokens are truncated (from the left).",
     )
 
 
@@ -138,11 +224,13 @@ class ResourcesSpec(_Spec):
     nodes: int = Field(
         default=1,
         ge=1,
-        description="Number of pods (one per node). No maximum: an oversized job is reported Unschedulable.",
+        le=MAX_NODES,
+        description="Number of pods (one per node); a job larger than the cluster is reported Unschedulable.",
     )
     gpus_per_node: int = Field(
         default=1,
         ge=0,
+        le=MAX_GPUS_PER_NODE,
         description="nvidia.com/gpu per pod; also processes per pod. 0 makes a CPU job (no vLLM, no DeepSpeed).",
     )
     cpu: Quantity | None = Field(default=None, description="CPU request and limit per pod.")
@@ -161,7 +249,7 @@ class VLLMSpec(_Spec):
     """vLLM colocated inside every training process (tensor-parallel within a node)."""
 
     tensor_parallel_size: int = Field(
-        default=1, ge=1, description="vLLM tensor-parallel size; must divide gpusPerNode."
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="vLLM tensor-parallel size; must divide gpusPerNode."
     )
     gpu_memory_utilization: float = Field(
         default=0.3, gt=0, lt=1, description="Fraction of the whole GPU vLLM may take (not of what is free)."
@@ -171,10 +259,12 @@ class VLLMSpec(_Spec):
         description="What vLLM does with its memory between generations: off, level1, level2, auto.",
     )
     max_model_len: int | None = Field(
-        default=None, gt=0, description="vLLM context window (prompt + completion tokens)."
+        default=None, gt=0, le=MAX_TOKENS, description="vLLM context window (prompt + completion tokens)."
     )
     enable_prefix_caching: bool = Field(default=True, description="vLLM automatic prefix caching.")
-    max_num_seqs: int | None = Field(default=None, gt=0, description="vLLM's cap on concurrently scheduled sequences.")
+    max_num_seqs: int | None = Field(
+        default=None, gt=0, le=MAX_TOKENS, description="vLLM's cap on concurrently scheduled sequences."
+    )
     offload_trainer_state: bool = Field(
         default=False,
         description="Move the ZeRO-3 trainer state (16-bit weights and gradients, fp32 master weights, Adam "
@@ -195,9 +285,12 @@ class RewardSpec(_Spec):
     """One reward function and its weight."""
 
     function: Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING)] = Field(
-        description="A built-in reward (accuracy, format, tag_count, ...) or module:function from rewardModules."
+        json_schema_extra={"pattern": REWARD_FUNCTION_PATTERN},
+        description="A built-in reward (accuracy, format, tag_count, ...) or module:function from rewardModules.",
     )
-    weight: float = Field(default=1.0, description="Weight of this reward in the sum.")
+    weight: float = Field(
+        default=1.0, ge=-MAX_REWARD_WEIGHT, le=MAX_REWARD_WEIGHT, description="Weight of this reward in the sum."
+    )
 
 
 class RewardModulesSpec(_Spec):
@@ -223,9 +316,14 @@ class CheckpointSpec(_Spec):
         default="/checkpoints", description="Mount path of the checkpoint volume; the trainer's output_dir."
     )
     save_steps: int | None = Field(
-        default=None, gt=0, description="Save every N optimizer steps; unset = no intermediate checkpoints."
+        default=None,
+        gt=0,
+        le=MAX_STEPS,
+        description="Save every N optimizer steps; unset = no intermediate checkpoints.",
     )
-    save_total_limit: int | None = Field(default=2, gt=0, description="Keep at most this many checkpoints.")
+    save_total_limit: int | None = Field(
+        default=2, gt=0, le=MAX_STEPS, description="Keep at most this many checkpoints."
+    )
     resume: Literal["auto", "never"] = Field(
         default="auto", description="auto: resume from the latest checkpoint if one exists."
     )
@@ -255,16 +353,49 @@ class CacheSpec(_Spec):
     offline: bool = Field(default=False, description="Set HF_HUB_OFFLINE/HF_DATASETS_OFFLINE: never reach the Hub.")
 
 
+# Kubernetes' qualified names (label, annotation and taint keys) and label values.
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+class Toleration(_Spec):
+    """A core/v1 Toleration, checked here as the API server checks a pod's (crd.py adds its
+    cross-field rules, `toleration_problems` the same in words)."""
+
+    key: Annotated[str, Field(max_length=MAX_SHORT_STRING, pattern=QUALIFIED_NAME_PATTERN)] | None = Field(
+        default=None, description="Taint key; without one, operator Exists tolerates every taint."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal (the default).")
+    value: Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)] | None = Field(
+        default=None, description="Taint value, for operator Equal."
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; every effect without one."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=365 * 24 * 3600, description="For effect NoExecute: how long the pod stays."
+    )
+
+
+class Affinity(_Spec):
+    """A core/v1 Affinity: its three parts, each passed through to the pods as written."""
+
+    node_affinity: Annotated[dict[str, Any] | None, _free_form("A core/v1 NodeAffinity.")] = None
+    pod_affinity: Annotated[dict[str, Any] | None, _free_form("A core/v1 PodAffinity.")] = None
+    pod_anti_affinity: Annotated[dict[str, Any] | None, _free_form("A core/v1 PodAntiAffinity.")] = None
+
+
 class SchedulingSpec(_Spec):
     """Where the pods may run."""
 
     node_selector: StringMap = Field(default_factory=dict, description="Pod nodeSelector.")
-    tolerations: Annotated[
-        list[Annotated[dict[str, Any], _free_form("A core/v1 Toleration.")]], Field(max_length=MAX_LIST_ITEMS)
-    ] = Field(default_factory=list, description="Pod tolerations (core/v1 Toleration).")
-    affinity: Annotated[dict[str, Any] | None, _free_form("A core/v1 Affinity.")] = Field(
-        default=None, description="Pod affinity (core/v1 Affinity)."
+    tolerations: Annotated[list[Toleration], Field(max_length=MAX_LIST_ITEMS)] = Field(
+        default_factory=list, description="Pod tolerations (core/v1 Toleration)."
     )
+    affinity: Affinity | None = Field(default=None, description="Pod affinity (core/v1 Affinity).")
     priority_class_name: DnsName | None = Field(
         default=None,
         description="Pod priorityClassName (Kueue also takes the Workload's priority from it, when no "
@@ -280,8 +411,16 @@ class SchedulingSpec(_Spec):
     )
 
 
-class EnvVar(_KubernetesObject):
-    name: ShortString
+class EnvVar(_Spec):
+    """A core/v1 EnvVar, checked here as the API server checks a container's."""
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING, pattern=r"^[ -<>-~]+$")] = Field(
+        description="Variable name: printable ASCII, no '='."
+    )
+    value: Annotated[str, Field(max_length=MAX_LONG_STRING)] | None = Field(default=None, description="Its value.")
+    value_from: Annotated[dict[str, Any] | None, _free_form("A core/v1 EnvVarSource.")] = Field(
+        default=None, description="Where its value comes from instead (core/v1 EnvVarSource)."
+    )
 
 
 class Volume(_KubernetesObject):
@@ -303,7 +442,7 @@ def _named_object_schema(description: str, required: list[str]) -> Any:
             "type": "object",
             "description": description,
             "required": required,
-            "properties": {r: {"type": "string", "maxLength": MAX_SHORT_STRING} for r in required},
+            "properties": {r: {"type": "string", "minLength": 1, "maxLength": MAX_SHORT_STRING} for r in required},
             "x-kubernetes-preserve-unknown-fields": True,
         }
     )
@@ -324,11 +463,13 @@ class PodSecuritySpec(_Spec):
     run_as_user: int = Field(
         default=TRAINER_UID,
         ge=1,
+        le=MAX_UNIX_ID,
         description="uid the trainer runs as at the restricted level (the trainer image's USER).",
     )
     run_as_group: int = Field(
         default=TRAINER_GID,
         ge=0,
+        le=MAX_UNIX_ID,
         description="gid the trainer runs as at the restricted level; also the pods' fsGroup at both levels.",
     )
 
@@ -336,9 +477,7 @@ class PodSecuritySpec(_Spec):
 class PodTemplateSpec(_Spec):
     """Additions to every trainer pod (they extend, never replace, what the operator sets)."""
 
-    env: Annotated[
-        list[Annotated[EnvVar, _named_object_schema("A core/v1 EnvVar.", ["name"])]], Field(max_length=MAX_LIST_ITEMS)
-    ] = Field(
+    env: Annotated[list[EnvVar], Field(max_length=MAX_LIST_ITEMS)] = Field(
         default_factory=list, description="Extra environment variables for the trainer container (core/v1 EnvVar)."
     )
     volumes: Annotated[
@@ -386,7 +525,7 @@ class RunPolicySpec(_Spec):
         description="Suspend the job (pods are deleted; resume continues from the last checkpoint). Mutable.",
     )
     max_restarts: int = Field(
-        default=3, ge=0, description="Whole-gang restarts after a failure before the job is Failed."
+        default=3, ge=0, le=MAX_RESTARTS, description="Whole-gang restarts after a failure before the job is Failed."
     )
     active_deadline_seconds: int | None = Field(
         default=None,

@@ -14,7 +14,9 @@ from pydantic import ValidationError
 
 from colocgrpo_operator.api.model import (
     ABSOLUTE_PATH_PATTERN,
+    BUILTIN_REWARDS,
     DNS_SUBDOMAIN_PATTERN,
+    MODULE_FUNCTION_PATTERN,
     ColocGRPOJob,
     ColocGRPOJobSpec,
     ResourcesSpec,
@@ -34,10 +36,8 @@ from colocgrpo_operator.api.naming import (
 )
 from colocgrpo_operator.api.trainer_args import trainer_args_problems
 
-# The trainer's built-ins (colocgrpo_training.rewards.builtin, which the operator must not import;
-# tests/api checks the two lists agree).
-BUILTIN_REWARDS = frozenset({"accuracy", "format", "tag_count", "last_number"})
-_MODULE_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+# BUILTIN_REWARDS (the trainer's built-ins) lives in api/model.py, whose CRD pattern names them.
+_MODULE_FUNCTION = re.compile(MODULE_FUNCTION_PATTERN)
 
 
 class JobSpecError(ValueError):
@@ -179,6 +179,37 @@ def _pod_template_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     return problems
 
 
+# A toleration's cross-field rules, as the API server checks them on a pod: (CEL rule, message).
+TOLERATION_RULES = (
+    (
+        "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+        "operator must be Exists when there is no key (which tolerates every taint)",
+    ),
+    (
+        "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        "value must be empty when operator is Exists",
+    ),
+    (
+        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        "tolerationSeconds needs effect NoExecute",
+    ),
+)
+
+
+def toleration_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    """TOLERATION_RULES, in Python."""
+    problems: list[tuple[str, str]] = []
+    for index, toleration in enumerate(spec.scheduling.tolerations):
+        path = f"spec.scheduling.tolerations[{index}]"
+        if not toleration.key and toleration.operator != "Exists":
+            problems.append((path, TOLERATION_RULES[0][1]))
+        if toleration.operator == "Exists" and toleration.value:
+            problems.append((path, TOLERATION_RULES[1][1]))
+        if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+            problems.append((path, TOLERATION_RULES[2][1]))
+    return problems
+
+
 def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     """Rules that involve more than one field (the schema checks single fields)."""
     problems = _parallelism_problems(spec)
@@ -186,6 +217,7 @@ def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     if spec.deepspeed.offload_params == "cpu" and spec.deepspeed.zero_stage != 3:
         problems.append(("spec.deepspeed.offloadParams", "parameter offload needs spec.deepspeed.zeroStage 3"))
     problems.extend(trainer_state_offload_problems(spec))
+    problems.extend(toleration_problems(spec))
     for index, reward in enumerate(spec.rewards):
         if reward.function not in BUILTIN_REWARDS and not _MODULE_FUNCTION.match(reward.function):
             problems.append(
@@ -297,6 +329,41 @@ def _raw_parallelism_problems(spec_obj: Any) -> list[tuple[str, str]]:
     return _parallelism_problems(partial)
 
 
+# Kubernetes' own rules for label and annotation keys (a qualified name) and label values, which
+# the API server applies to every object.
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _key_problem(key: Any) -> str | None:
+    if not isinstance(key, str):
+        return "must be a string"
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return f"{key!r}: the prefix must be a DNS subdomain"
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        return f"{key!r}: the name part must be 63 characters at most, alphanumeric, '-', '_' or '.' between"
+    return None
+
+
+def metadata_problems(metadata: dict[str, Any]) -> list[tuple[str, str]]:
+    """Label and annotation keys and label values as the API server checks them on any object."""
+    problems: list[tuple[str, str]] = []
+    for field in ("labels", "annotations"):
+        entries = metadata.get(field)
+        if not isinstance(entries, dict):
+            continue
+        for key, value in entries.items():
+            if (problem := _key_problem(key)) is not None:
+                problems.append((f"metadata.{field}", problem))
+            elif field == "labels" and isinstance(value, str) and (len(value) > 63 or not _LABEL_VALUE.match(value)):
+                problems.append(
+                    (f"metadata.labels.{key}", "must be 63 characters at most, alphanumeric, '-', '_' or '.'")
+                )
+    return problems
+
+
 def parse_job(obj: Any) -> ColocGRPOJob:
     """Validate a ColocGRPOJob given as a dict (from YAML or the API server).
 
@@ -311,6 +378,7 @@ def parse_job(obj: Any) -> ColocGRPOJob:
         problems.append(("kind", f"must be {KIND}, got {obj.get('kind')!r}"))
     metadata = meta if isinstance(meta := obj.get("metadata"), dict) else {}
     problems.extend(name_problems(metadata.get("name")))
+    problems.extend(metadata_problems(metadata))
     try:
         job = ColocGRPOJob.model_validate(obj)
     except ValidationError as error:

@@ -40,7 +40,7 @@ from colocgrpo_operator.controller.snapshots import (
     workload_owner_job,
     workload_snapshot,
 )
-from colocgrpo_operator.controller.startup import diffbase_of
+from colocgrpo_operator.controller.startup import diffbase_of, digested
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}
@@ -126,8 +126,9 @@ async def reconcile_job(
         # defeat CEL). A frozen field changed anyway is not rolled out: the running gang and its
         # ConfigMap keep what they started with, and the user is told which field.
         # kopf's old/new are the essence (no status); whether the job started is in the status.
+        # Both essences digested alike: a diff-base an older operator wrote in full compares equal.
         started = {"status": dict(body.get("status") or {})}
-        problems = spec_change_problems(dict(old, **started), dict(new, **started))
+        problems = spec_change_problems(dict(digested(old), **started), dict(digested(new), **started))
         if problems:
             ensure_children = False
             kopf.warn(

@@ -9,23 +9,13 @@ new job of a burst while it waits for the API threads.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from colocgrpo_operator.api import JobSpecError, parse_job
 from colocgrpo_operator.controller import status as derive
 
-# The largest spec the operator accepts. kopf keeps the last handled spec in an annotation, and a
-# job's annotations together may hold 256 KiB: a larger spec could not be tracked (its changes
-# would be taken for a new job's, unguarded by the frozen-spec check).
-MAX_SPEC_BYTES = 128 * 1024
 # Parsed specs kept before the cache starts over (one per job and generation in use).
 _CACHE_LIMIT = 4096
-
-
-def spec_size(cr: dict[str, Any]) -> int:
-    """Bytes of the spec as compact JSON (what kopf's annotation would hold)."""
-    return len(json.dumps(cr.get("spec"), separators=(",", ":"), ensure_ascii=False).encode())
 
 
 class ParsedSpec:
@@ -38,17 +28,6 @@ class ParsedSpec:
         self.facts: derive.RunFacts | None = None
         self.plan_warning: tuple[bool, str, str] | None = None
         meta = cr.get("metadata") or {}
-        size = spec_size(cr)
-        if size > MAX_SPEC_BYTES:
-            self.problems = [
-                (
-                    "spec",
-                    f"is {size} bytes of JSON, more than the {MAX_SPEC_BYTES} the operator can track (it keeps a "
-                    "copy in an annotation, and all annotations share 256 KiB); shorten spec.trainerArgs or other "
-                    "long values",
-                )
-            ]
-            return
         try:
             job = _parse_user_spec(cr)
         except JobSpecError as error:

@@ -27,6 +27,7 @@ Why each kopf setting:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,7 @@ from typing import Any, cast
 
 import kopf
 
+from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
 from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
@@ -41,7 +43,6 @@ from colocgrpo_operator.controller.namespaces import Insights
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
 from colocgrpo_operator.controller.snapshots import Key
-from colocgrpo_operator.controller.specs import MAX_SPEC_BYTES
 from colocgrpo_operator.controller.transient import install_log_filter
 
 WATCH_SERVER_TIMEOUT_SECONDS = 270
@@ -56,12 +57,48 @@ HANDLER_RETRY_BACKOFF_SECONDS = 5
 
 # The only metadata kopf's essence keeps (labels and annotations) and what its key naming reads.
 _ESSENCE_METADATA = ("labels", "annotations", "ownerReferences")
+# In a job's essence, strings longer than this, and lists and mappings below spec.<section> whose
+# JSON is longer than _DIGEST_VALUES_OVER, are kept as their digest (`digested`).
+_DIGEST_STRINGS_OVER = 256
+_DIGEST_VALUES_OVER = 1024
+# A diff-base larger than this is left out (the annotations of an object share 256 KiB).
+_MAX_DIFFBASE_BYTES = 192 * 1024
+
+
+def digested(essence: Any) -> Any:
+    """A ColocGRPOJob's essence with every long value of its spec replaced by its digest
+    ("sha256:<hex>"). kopf compares essences only to tell whether the spec changed, and the
+    frozen-spec check (api.spec_change_problems) only for equality, so a digest tells them as
+    much, and the diff-base annotation stays small whatever the spec holds: any spec the API
+    server admits is tracked. Idempotent (an essence digested already comes back the same)."""
+    if not isinstance(essence, Mapping) or not isinstance(essence.get("spec"), Mapping):
+        return essence
+    return {**essence, "spec": _digest(essence["spec"], 1)}
+
+
+def _digest(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return _sha256(value) if len(value) > _DIGEST_STRINGS_OVER else value
+    if not isinstance(value, Mapping | list):
+        return value
+    if depth >= 3:
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        if len(text) > _DIGEST_VALUES_OVER:
+            return _sha256(text)
+    if isinstance(value, Mapping):
+        return {key: _digest(item, depth + 1) for key, item in value.items()}
+    return [_digest(item, depth + 1) for item in value]
+
+
+def _sha256(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's last-handled-configuration annotation, left out for a spec too large to track: the
-    API server would refuse the annotation ("metadata.annotations: Too long") on every event, and
-    such a spec is refused as invalid anyway (specs.MAX_SPEC_BYTES).
+    """kopf's last-handled-configuration annotation, with a job's long values as their digests
+    (`digested`), so any spec the API server admits is tracked; left out only for an essence that
+    would still not fit (the API server would refuse the annotation, "metadata.annotations: Too
+    long", on every event).
 
     Its essence is built without deep-copying what it drops. kopf builds one for every watch event
     of every watched kind (pods and batch Jobs too) by deep-copying the whole object, managedFields
@@ -84,12 +121,15 @@ class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         light = {key: value for key, value in body.items() if key not in ("metadata", "status")}
         light["metadata"] = {key: meta[key] for key in _ESSENCE_METADATA if key in meta}
         # The object's own fields, less what kopf's essence drops anyway: still a raw body.
-        return super().build(body=kopf.Body(cast(kopf.RawBody, light)))
+        essence = super().build(body=kopf.Body(cast(kopf.RawBody, light)))
+        if body.get("kind") == KIND:
+            essence = cast(kopf.BodyEssence, digested(essence))
+        return essence
 
     def annotations(self, *, body: kopf.Body, essence: Any) -> dict[str, Any]:
         """The annotations kopf's `store` would patch in for `essence`: the diff-base and the
         prefix's marker; none for an essence too large to track."""
-        if len(json.dumps(essence, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_SPEC_BYTES * 3 // 2:
+        if len(json.dumps(essence, separators=(",", ":"), ensure_ascii=False).encode()) > _MAX_DIFFBASE_BYTES:
             return {}
         patch = kopf.Patch()
         super().store(body=body, patch=patch, essence=essence)

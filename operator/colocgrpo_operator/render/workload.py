@@ -302,9 +302,9 @@ def render_pod_template(job: ColocGRPOJob, image: str) -> dict[str, Any]:
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
     if scheduling.tolerations:
-        pod_spec["tolerations"] = list(scheduling.tolerations)
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in scheduling.tolerations]
     if scheduling.affinity:
-        pod_spec["affinity"] = scheduling.affinity
+        pod_spec["affinity"] = scheduling.affinity.model_dump(by_alias=True, exclude_none=True)
     if scheduling.priority_class_name:
         pod_spec["priorityClassName"] = scheduling.priority_class_name
     if spec.pod_template.image_pull_secrets:
