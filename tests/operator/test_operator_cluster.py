@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz import set_path
+from colocgrpo_operator.controller.kube import KubeApiError
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
 from support.operator_harness import OperatorProcess, condition, phase, running_pod, tiny_job, wait_for, wait_phase
 
@@ -96,13 +97,22 @@ def test_only_a_gang_across_pods_gets_the_headless_service(cluster, operator, op
 
 def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_namespace):
     ns, name = op_namespace, "bad"
-    # The CRD accepts this (the schema only says "a string"); the operator's model refuses it.
-    cluster.create_job(ns, tiny_job(name, rewards=[{"function": "no such reward"}]))
+    # A reward function of no known form: the API server refuses it, as validate does.
+    with pytest.raises(KubeApiError) as refused:
+        cluster.create_job(ns, tiny_job(name, rewards=[{"function": "no such reward"}]))
+    assert refused.value.status == 422 and "spec.rewards[0].function" in refused.value.message
+    # A mount over one the operator makes: the CRD accepts this (no rule spans the paths); the
+    # operator's model refuses it.
+    clash = {
+        "volumes": [{"name": "extra", "emptyDir": {}}],
+        "volumeMounts": [{"name": "extra", "mountPath": "/checkpoints"}],
+    }
+    cluster.create_job(ns, tiny_job(name, podTemplate=clash))
     failed = wait_phase(cluster, ns, name, "Failed", operator=operator)
     spec_valid = condition(failed, "SpecValid")
     assert spec_valid["status"] == "False"
     assert spec_valid["reason"] == "InvalidSpec"
-    assert "spec.rewards[0].function" in spec_valid["message"]
+    assert "spec.podTemplate.volumeMounts[0].mountPath" in spec_valid["message"]
     assert condition(failed, "Failed")["reason"] == "InvalidSpec"
     assert failed["status"]["workers"]["gpus"] == 0  # the GPUs printer column reads 0, not blank
     time.sleep(1)
@@ -110,16 +120,16 @@ def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_name
     assert cluster.list("/api/v1", "configmaps", ns, f"colocgrpo.io/job-name={name}") == []
     wait_for(
         lambda: any(
-            e.get("reason") == "Failed" and "spec.rewards[0].function" in (e.get("message") or "")
+            e.get("reason") == "Failed" and "spec.podTemplate.volumeMounts[0].mountPath" in (e.get("message") or "")
             for e in cluster.events(ns)
         ),
         10,
-        "a Failed Event naming spec.rewards[0].function",
+        "a Failed Event naming spec.podTemplate.volumeMounts[0].mountPath",
         on_timeout=lambda: str(cluster.events(ns)),
     )
 
     # Fixing the spec revives the job.
-    cluster.patch_job(ns, name, {"spec": {"rewards": [{"function": "accuracy"}]}})
+    cluster.patch_job(ns, name, {"spec": {"podTemplate": {"volumeMounts": [{"name": "extra", "mountPath": "/extra"}]}}})
     wait_phase(cluster, ns, name, "Running", operator=operator)
 
 
