@@ -13,6 +13,8 @@ killed). The engine is the CPU stand-in; `support.rank_probe` makes the ranks se
   transformers' accumulation windows restart off the trainer's micro-step count; deferred old log-probs predicted
   from that count would take a PPO ratio of 1 for micro-batches trained after an optimizer step. Loss dr_grpo, the
   engine's log-probs shifted so the importance-sampling correction is far from 1.
+- merged: every rank plans to merge micro-batches 2 into 1 and runs it (the GRPOConfig built again once the
+  process group exists).
 - gpu: one rank told its GPU is far smaller (COLOCGRPO_GPU_MEMORY_GIB, which the memory planner reads): the others
   plan to merge micro-batches 2 into 1, it does not; every rank must run the same micro-batches.
 - undecided: one rank cannot plan at all (a malformed COLOCGRPO_GPU_MEMORY_GIB): every rank stops, with one error.
@@ -228,6 +230,15 @@ def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(roo
             run.stderr
         ), run.tail()
     assert "every rank takes 1, the smallest of any rank (per rank: [2, 2, 2, 1])" in run.stderr
+
+
+def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
+    run = launch(root, "merged", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"{ALL}:COLOCGRPO_GPU_MEMORY_GIB=80"))
+    assert run.returncode == 0, run.tail()
+    assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
+    # The GRPOConfig built again with the merged micro-batch, after the process group started: 1 x 4 rows per step.
+    assert "rank0 INFO colocgrpo.micro_batches: training micro-batches merged 2 into 1: 1 x 4 rows" in run.stderr
+    assert "WARNING colocgrpo.micro_batches" not in run.stderr
 
 
 def test_a_rank_that_cannot_plan_stops_every_rank_with_its_reason(root, tiny_model_dir, env):
