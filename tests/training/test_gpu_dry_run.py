@@ -25,6 +25,22 @@ SCRIPT = REPO / "tests" / "gpu" / "drivers" / "run_on_device.sh"
 LIMIT_S = 600  # the script's own deadline (DEADLINE_S) is below; past this it hangs
 
 
+def dry_run_env(trainer_env, tmp_path: Path, model: Path, **settings: str) -> dict[str, str]:
+    """The script's environment for a CPU dry run: results in `tmp_path/out`, work files in `tmp_path/work`."""
+    import sys
+
+    env = trainer_env(tmp_path)
+    env.update(
+        CPU="1",
+        PYTHON=sys.executable,
+        OUT=str(tmp_path / "out"),
+        WORK=str(tmp_path / "work"),
+        COLOCGRPO_TEST_MODEL=str(model),
+        **settings,
+    )
+    return env
+
+
 def run_script(env: dict[str, str], tmp_path: Path) -> tuple[int, str]:
     """run_on_device.sh to its end (exit status, console), or killed at LIMIT_S with every rank it started (torch's
     launcher starts each in a process session of its own), which fails the test."""
@@ -48,21 +64,8 @@ def run_script(env: dict[str, str], tmp_path: Path) -> tuple[int, str]:
 
 
 def test_the_four_gpu_command_runs_on_cpu_at_dp2_tp2(tmp_path, tiny_model_dir, trainer_env):
-    import sys
-
     out, work = tmp_path / "out", tmp_path / "work"
-    env = trainer_env(tmp_path)
-    env.update(
-        CPU="1",
-        SMOKE="1",
-        NPROC="4",
-        TP="2",
-        PYTHON=sys.executable,
-        OUT=str(out),
-        WORK=str(work),
-        COLOCGRPO_TEST_MODEL=str(tiny_model_dir),
-        DEADLINE_S="540",
-    )
+    env = dry_run_env(trainer_env, tmp_path, tiny_model_dir, SMOKE="1", NPROC="4", TP="2", DEADLINE_S="540")
     returncode, _ = run_script(env, tmp_path)
     summary = (out / "summary.txt").read_text()
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
@@ -95,22 +98,17 @@ def test_a_seed_size_pair_against_trls_best_runs_on_cpu(tmp_path, tiny_model_dir
     """`PARTS=pair SIZE=seed PAIR=ours-auto,trl-best`, the command for one seed-shaped pair on an H200, as a CPU
     dry run: the seed size in miniature (a Qwen2 model the bench makes, prompts of exactly 48 tokens, completions
     that never stop early), ours and TRL's trainer with the same micro-batch plan, and the table's TRL best."""
-    import sys
-
     from bench import pair_table
 
-    out, work = tmp_path / "out", tmp_path / "work"
-    env = trainer_env(tmp_path)
-    env.update(
-        CPU="1",
+    out = tmp_path / "out"
+    env = dry_run_env(
+        trainer_env,
+        tmp_path,
+        tiny_model_dir,
         PARTS="pair",
         SIZE="seed",
         PAIR="ours-auto,trl-best",
         PAIR_INDEX="1",
-        PYTHON=sys.executable,
-        OUT=str(out),
-        WORK=str(work),
-        COLOCGRPO_TEST_MODEL=str(tiny_model_dir),
         DEADLINE_S="400",
     )
     returncode, console = run_script(env, tmp_path)
