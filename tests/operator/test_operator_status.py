@@ -691,6 +691,24 @@ def test_a_step_that_stops_moving_restarts_the_gang_after_the_progress_deadline(
     assert "step 2" in progressing["message"]
     assert hung.action is Action.RESTART_GANG and hung.phase == "Restarting" and hung.record.restarts == 1
     assert hung.record.last_failure["reason"] == "ProgressDeadlineExceeded"
+
+    # An operator that starts anew sees step 2 without seeing it move: it counts from then, with a
+    # first step's allowance unless this gang's trainer reported already (its lastUpdateTime).
+    def restarted(seconds: float, reported: float) -> Assessment:
+        progress = {"step": 2, "lastUpdateTime": format_time(NOW + timedelta(seconds=reported))}
+        return derive(
+            facts, batch_job(), [pod(0), pod(1)], moving.record, moving.status, NOW + timedelta(seconds=seconds),
+            progress, None, None, NOW + timedelta(seconds=150), False,
+        )  # fmt: skip
+
+    assert restarted(150 + 59, reported=50).action is Action.NONE  # never sooner than the deadline
+    assert restarted(150 + 61, reported=50).action is Action.RESTART_GANG  # this gang reached step 2
+    before = derive(
+        facts, batch_job(), [pod(0), pod(1)], moving.record, dict(moving.status, conditions=[]),
+        NOW + timedelta(seconds=150 + 61), {"step": 2, "lastUpdateTime": format_time(NOW - timedelta(seconds=5))},
+        None, None, NOW + timedelta(seconds=150), False,
+    )  # fmt: skip
+    assert before.action is Action.NONE  # a step from before this gang ran: the first-step allowance
     # The same Job judged again is not counted again; a second hung gang is past maxRestarts.
     assert at(hung, 112, 50).record.restarts == 1
     gang = batch_job(uid="job-uid-2"), [pod(0, uid="job-uid-2"), pod(1, uid="job-uid-2")]
@@ -706,6 +724,20 @@ def test_a_step_that_stops_moving_restarts_the_gang_after_the_progress_deadline(
     assert started.phase == "Running" and cond(started.status, "Progressing")["reason"] == "WaitingForFirstStep"
     again = second(second(started, 210, 205), 266, 205)
     assert again.phase == "Failed" and cond(again.status, "Failed")["reason"] == "MaxRestartsExceeded"
+
+
+def test_the_step_clock_knows_a_move_from_a_first_sight():
+    from colocgrpo_operator.controller.progress_clock import StepClock
+
+    clock, key = StepClock(), ("ns", "j")
+    job = {"metadata": {"uid": "u1"}, "status": {"progress": {"step": 2}}}
+    assert clock.observe(key, job, NOW) == (NOW, False)  # first sight: when it got there is unknown
+    assert clock.observe(key, job, NOW + timedelta(seconds=5)) == (NOW, False)
+    moved = {"metadata": {"uid": "u1"}, "status": {"progress": {"step": 3}}}
+    assert clock.observe(key, moved, NOW + timedelta(seconds=9)) == (NOW + timedelta(seconds=9), True)
+    other = {"metadata": {"uid": "u2"}, "status": {"progress": {"step": 3}}}  # a new incarnation
+    assert clock.observe(key, other, NOW + timedelta(seconds=10)) == (NOW + timedelta(seconds=10), False)
+    assert clock.observe(key, {"metadata": {"uid": "u2"}}, NOW) == (None, False)
 
 
 def test_the_progress_deadline_can_be_turned_off():

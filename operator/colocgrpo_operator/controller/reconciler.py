@@ -91,6 +91,7 @@ class _Evidence:
     previous: dict[str, Any]
     progress: Any
     step_since: datetime | None
+    step_moved: bool
     now: datetime
     generation: Any
 
@@ -109,6 +110,7 @@ class _Evidence:
             self.workloads,
             refusal,
             self.step_since,
+            self.step_moved,
         )
         desired = assessment.status
         if self.plan_warning is not None:
@@ -224,6 +226,7 @@ class Reconciler:
         # Only pods of this incarnation's Job are its evidence: a predecessor's pod failing in
         # flight must not count as this job's failure.
         job_uid = (job.get("metadata") or {}).get("uid") if job is not None else None
+        step_since, step_moved = self.steps.observe(key, cr, now)
         evidence = _Evidence(
             facts=parsed.facts,
             plan_warning=parsed.plan_warning,
@@ -231,7 +234,8 @@ class Reconciler:
             workloads=workloads,
             previous=current.status,
             progress=(cr.get("status") or {}).get("progress"),
-            step_since=self.steps.observe(key, cr, now),
+            step_since=step_since,
+            step_moved=step_moved,
             now=now,
             generation=meta.get("generation"),
         )

@@ -314,6 +314,7 @@ def assess(
     workloads: list[dict[str, Any]] | None = None,
     creation_refusal: str | None = None,
     step_since: datetime | None = None,
+    step_moved: bool = True,
 ) -> Assessment:
     """Derive the status (without progress), the new record and the operator's next action.
 
@@ -325,7 +326,8 @@ def assess(
     Workloads of batch Jobs of the job's name (of this Job or older ones), `creation_refusal` the
     message of the Job's newest FailedCreate Event, looked up only when an assessment without it
     asked for it (Assessment.check_pod_creation), `step_since` when the operator first saw
-    `progress.step` at its current value (for the progress deadline; None before any step).
+    `progress.step` at its current value (for the progress deadline; None before any step), and
+    `step_moved` whether it saw the step move there (not for the first step an operator sees).
     """
     current_pods = pods_of_job(job, pods)
     status = _StatusBuilder.start(facts, record, previous, current_pods, now)
@@ -428,7 +430,7 @@ def assess(
             else now
         )
         stalled = _stall(facts, progress, since or now, now)
-        progressing = _progressing(facts, progress, step_since, since or now, now)
+        progressing = _progressing(facts, progress, step_since, step_moved, since or now, now)
         if progressing is not None and not progressing[0]:
             status._set("Progressing", progressing)
             return _after_failure(status, job, Failure(PROGRESS_DEADLINE_EXCEEDED, progressing[2]))
@@ -562,20 +564,30 @@ def _progressing(
     facts: RunFacts,
     progress: dict[str, Any] | None,
     step_since: datetime | None,
+    step_moved: bool,
     running_since: datetime,
     now: datetime,
 ) -> ConditionState | None:
     """The Progressing condition of a running gang (None with the progress deadline off): False once
-    its step has not advanced for runPolicy.progressDeadlineSeconds. Until the step first moves
-    after the gang started running, it is the gang's first step, allowed FIRST_STEP_ALLOWANCE_SECONDS
-    more, counted from the start. The messages of True stay the same while it holds (no status
-    write per reconcile)."""
+    its step has not advanced for runPolicy.progressDeadlineSeconds. Until this gang's trainer has
+    reported, it is the gang's first step, allowed FIRST_STEP_ALLOWANCE_SECONDS more, counted from
+    the start. A step this operator saw but not saw moving (it started since) counts from when it
+    first saw it, the trainer's own report time telling whether this gang reached it. The messages
+    of True stay the same while it holds (no status write per reconcile)."""
     deadline = facts.progress_deadline_seconds
     if not deadline:
         return None
-    first = step_since is None or step_since <= running_since
+    reported = parse_time(dig(progress, "lastUpdateTime"))
+    if step_since is None:
+        first, reference = True, running_since
+    elif step_moved:
+        first = step_since <= running_since
+        reference = running_since if first else step_since
+    else:
+        first = reported is None or reported < running_since
+        reference = max(step_since, running_since)
     allowed = deadline + (FIRST_STEP_ALLOWANCE_SECONDS if first else 0)
-    idle = (now - (running_since if first else step_since or running_since)).total_seconds()
+    idle = (now - reference).total_seconds()
     setting = f"runPolicy.progressDeadlineSeconds={deadline}"
     if idle < allowed:
         if first:
