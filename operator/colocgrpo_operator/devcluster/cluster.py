@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,29 @@ def restart_component(kubeconfig: Path, component: str = "kube-apiserver") -> No
             return
         time.sleep(0.2)
     raise RuntimeError(f"{component} did not start again: see {folder / 'logs' / f'{component}.log'}")
+
+
+@contextlib.contextmanager
+def paused_component(kubeconfig: Path, component: str) -> Iterator[None]:
+    """Freeze one process of the local cluster whose kubeconfig is `kubeconfig` (SIGSTOP) for the
+    `with` block, and let it go on afterwards (SIGCONT), even when the block raises.
+
+    For fault injection: a controller that misses everything while it is frozen (its watches
+    see nothing; on resuming they find the world changed), e.g. the garbage collector in
+    kube-controller-manager. Raises FileNotFoundError when `kubeconfig` is not a
+    `colocgrpo dev cluster`'s.
+    """
+    folder = Path(kubeconfig).resolve().parent
+    pid_file = folder / "pids" / f"{component}.pid"
+    pid = int(pid_file.read_text().strip())
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[0]
+    if str(folder) not in command:
+        raise FileNotFoundError(f"pid {pid} of {pid_file} is not this cluster's {component}")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def _wait_bindable(port: int, timeout: float = 10) -> None:

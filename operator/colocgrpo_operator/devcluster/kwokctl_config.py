@@ -57,6 +57,11 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
             # API server cannot reach kwok's kubelet endpoint (`kubectl logs`); the last flag wins.
             "componentsPatches": [
                 {"name": "kwok-controller", "extraArgs": [{"key": "node-ip", "value": "127.0.0.1"}]},
+                # One of each, never replaced: leader election only adds a way to die. A leader
+                # that cannot renew its lease for 10 s (an API server restarting slowly on a
+                # loaded machine, or the process paused) exits, and nothing starts it again.
+                {"name": "kube-controller-manager", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
+                {"name": "kube-scheduler", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
             ],
         },
         {
