@@ -13,6 +13,7 @@ import pytest
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
+from colocgrpo_operator.devcluster.cluster import paused_component
 from colocgrpo_operator.render import render_service
 from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
 
@@ -166,6 +167,54 @@ def test_a_predecessors_child_is_waited_for_and_every_child_applied(cluster, ope
     ]:
         obj = cluster.api.request("GET", f"{prefix}/namespaces/{ns}/{plural}/{child}")
         assert [o["uid"] for o in obj["metadata"].get("ownerReferences") or []] == [uid], (plural, child)
+
+
+def test_a_predecessors_leftovers_go_though_the_garbage_collector_missed_them(
+    cluster, kube_cluster, operator, op_namespace
+) -> None:
+    """A 2-node job deleted and created again as a 1-node job while the garbage collector is not
+    looking (kube-controller-manager frozen, as when its watch is down across an API server
+    restart and it never sees the owner go): the new job renders no Service, and still the
+    predecessor's goes, with every other child of the predecessor; the new job runs once the
+    controllers are back."""
+    kubeconfig = Path(kube_cluster.kubeconfig)
+    if not (kubeconfig.resolve().parent / "pids" / "kube-controller-manager.pid").is_file():
+        pytest.skip("freezing the garbage collector needs a `colocgrpo dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+    ns, name = op_namespace, "shrink"
+    selector = f"colocgrpo.io/job-name={name}"
+    kinds = [
+        ("/api/v1", "services"),
+        ("/api/v1", "configmaps"),
+        ("/api/v1", "serviceaccounts"),
+        ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+        ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    ]
+
+    def owners(prefix: str, plural: str) -> list[str]:
+        """The owner uids of the job's live children of that kind."""
+        return [
+            o["uid"]
+            for obj in cluster.list(prefix, plural, ns, selector)
+            if not obj["metadata"].get("deletionTimestamp")
+            for o in obj["metadata"].get("ownerReferences") or []
+        ]
+
+    first = cluster.create_job(ns, tiny_job(name, resources={"nodes": 2}, checkpoint={"resume": "never"}))
+    old = first["metadata"]["uid"]
+    wait_for(lambda: all(owners(*kind) == [old] for kind in kinds), 60, "every child of the 2-node job")
+    with paused_component(kubeconfig, "kube-controller-manager"):
+        cluster.delete_job(ns, name)
+        wait_for(lambda: cluster.get_job(ns, name) is None, 30, "the 2-node job gone")
+        new = cluster.create_job(ns, tiny_job(name))["metadata"]["uid"]
+        wait_for(
+            lambda: owners("/api/v1", "services") == [] and all(owners(*kind) == [new] for kind in kinds[1:]),
+            60,
+            "the predecessor's Service gone and every other child the new job's",
+            on_timeout=lambda: f"{[(k[1], owners(*k)) for k in kinds]}\n{operator.log_tail()}",
+        )
+    assert f"removed Service {name}" in operator.log_tail(400), operator.log_tail()
+    running = _wait_phase(cluster, operator, ns, name, "Running", timeout=90)
+    assert running["metadata"]["uid"] == new
 
 
 def test_a_new_jobs_failed_create_handler_is_retried_by_kopf(cluster, operator, op_namespace) -> None:

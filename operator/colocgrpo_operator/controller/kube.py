@@ -269,6 +269,12 @@ class KubeApi:
                 return None
             raise
 
+    def list_labelled(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The namespace's objects of `kind` whose labels match `selector` (a label selector)."""
+        answer = self.request("GET", object_path(kind, namespace), query={"labelSelector": selector}) or {}
+        items: list[dict[str, Any]] = answer.get("items") or []
+        return items
+
     def delete(
         self, kind: str, namespace: str, name: str, *, propagation: str = "Background", uid: str | None = None
     ) -> bool:

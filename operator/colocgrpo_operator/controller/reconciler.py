@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 
 from colocgrpo_operator.api import KIND
-from colocgrpo_operator.api.naming import RECORD_ANNOTATION
+from colocgrpo_operator.api.naming import JOB_NAME_LABEL, RECORD_ANNOTATION
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
@@ -45,6 +45,9 @@ from colocgrpo_operator.controller.workers import creation_refusal
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
 # (condition, reason) worth a Warning event of their own when it appears, whatever the phase does.
 _WARNING_CONDITIONS = (("Running", derive.POD_CREATION_FAILED), ("Progressing", derive.PROGRESS_DEADLINE_EXCEEDED))
+# Every kind of child the operator renders besides the batch Job (render/), each labelled with
+# the job's name.
+_CHILD_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding")
 # The API server's answer when an apply would give a child a second controller owner.
 _SECOND_CONTROLLER = "Only one reference can have Controller set to true"
 
@@ -324,7 +327,11 @@ class Reconciler:
             # One render for the children and the Job (it builds the typed job's every object).
             rendered = await self._blocking(self._render, parsed, cr)
             if apply:
-                await self._apply_children(rendered, not evidence.previous, first.write())
+                new_job = not evidence.previous
+                alongside = [first.write()]
+                if new_job:  # once per incarnation, while its children are applied
+                    alongside.append(self._sweep_predecessors(key, cr))
+                await self._apply_children(rendered, new_job, *alongside)
             await first.write()
             if creating:
                 job_object = next(c for c in rendered if c.get("kind") == "Job")
@@ -454,20 +461,20 @@ class Reconciler:
         return children
 
     async def _apply_children(
-        self, rendered: list[dict[str, Any]], new_job: bool, alongside: Coroutine[Any, Any, None] | None = None
+        self, rendered: list[dict[str, Any]], new_job: bool, *alongside: Coroutine[Any, Any, None]
     ) -> None:
         """Everything but the Job, server-side applied (creates or updates, idempotently), all at
         once: they do not depend on each other, and each is an API round trip of its own. One
         after another, they were most of a new job's time to its Job on a loaded API server.
-        `alongside` (a new job's first record) runs at the same time, and its failure is raised
-        like a child's, first.
+        `alongside` (a new job's first record and its sweep of a predecessor's leftovers) runs
+        at the same time, and a failure there is raised like a child's, first.
 
         Every child is tried before the first failure (in render order) is raised; the Job
         waits for all of them (its pods need the ConfigMap and the ServiceAccount).
         """
         children = [c for c in rendered if c.get("kind") != "Job"]
         outcomes = await asyncio.gather(
-            *([alongside] if alongside is not None else []),
+            *alongside,
             *(self._blocking(self._apply_child, child, new_job) for child in children),
             return_exceptions=True,
         )
@@ -500,10 +507,27 @@ class Reconciler:
         same name while its watch was down (an API server restart), the owner never looks deleted
         to it, and the new job would wait forever. A Job goes in the foreground (its pods first)."""
         meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return  # already going (a foreground deletion waits for the garbage collector)
         name = str(meta.get("name") or "")
         propagation = "Foreground" if kind == "Job" else "Background"
         if self.kube.delete(kind, namespace, name, propagation=propagation, uid=meta.get("uid")):
             self.logger.info("%s: removed %s %s of a deleted job of the same name", namespace, kind, name)
+
+    async def _sweep_predecessors(self, key: Key, cr: dict[str, Any]) -> None:
+        """Delete every child a deleted job of the same name left behind (each kind at once), when
+        this job is new. `_apply_child` meets the ones this job renders too (same names); this
+        finds the rest: a 2-node predecessor's Service, say, under a 1-node successor. The
+        garbage collector misses them for good when the owner was replaced under the same name
+        while its watch was down (an API server restart): its informer sees one object change,
+        never a deletion."""
+        await asyncio.gather(*(self._blocking(self._sweep_kind, kind, key, cr) for kind in _CHILD_KINDS))
+
+    def _sweep_kind(self, kind: str, key: Key, cr: dict[str, Any]) -> None:
+        namespace, name = key
+        for obj in self.kube.list_labelled(kind, namespace, f"{JOB_NAME_LABEL}={name}"):
+            if _predecessors(obj, cr):
+                self._delete_predecessors(kind, namespace, obj)
 
     def _create_job(
         self, job: dict[str, Any], facts: derive.RunFacts, record: Record, now: datetime
