@@ -286,9 +286,31 @@ def wait_phase(
         f"{namespace}/{name} phase in {sorted(phases)}",
         on_timeout=lambda: (
             f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
+            + gang_state(cluster, namespace, name)
             + (operator.log_tail() if operator else "")
         ),
     )
+
+
+def gang_state(cluster: Cluster, namespace: str, name: str) -> str:
+    """What the control plane says of a job's gang, for a timeout's message: each batch Job's
+    status, each pod's node, phase and conditions, and the namespace's Events."""
+    lines = []
+    for job in cluster.batch_jobs(namespace, name):
+        lines.append(f"batch Job {job['metadata']['name']}: {job.get('status')}")
+    for pod in cluster.pods(namespace, name):
+        status = pod.get("status") or {}
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        lines.append(
+            f"pod {pod['metadata']['name']}: node {pod['spec'].get('nodeName')}, phase {status.get('phase')}, "
+            f"conditions {conditions}, deleting {bool(pod['metadata'].get('deletionTimestamp'))}"
+        )
+    for event in cluster.events(namespace)[-20:]:
+        lines.append(
+            f"event {event.get('involvedObject', {}).get('kind')}/{event.get('involvedObject', {}).get('name')}: "
+            f"{event.get('reason')}: {event.get('message')}"
+        )
+    return "".join(f"{line}\n" for line in lines)
 
 
 def running_pod(
