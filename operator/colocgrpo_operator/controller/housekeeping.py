@@ -28,7 +28,7 @@ from typing import Any
 from colocgrpo_operator.controller.objects import job_condition, owned_by, parse_time
 from colocgrpo_operator.controller.reconciler import Reconciler
 from colocgrpo_operator.controller.record import Record
-from colocgrpo_operator.controller.snapshots import Inputs, Key, first_view
+from colocgrpo_operator.controller.snapshots import Inputs, Key, newest_view
 
 
 def ttl_deadline(cr: dict[str, Any] | None, record: Record | None, batch_job: dict[str, Any] | None) -> datetime | None:
@@ -96,7 +96,7 @@ class Housekeeper:
 
     async def _recheck_active(self) -> None:
         for key in list(self.jobs.keys()):
-            cr = first_view(self.jobs, key)
+            cr = newest_view(self.jobs, key)
             record = self.reconciler.ledger.record(key, cr)
             if cr is None or (record is not None and record.finished):
                 continue
@@ -112,7 +112,7 @@ class Housekeeper:
         now = datetime.now(UTC)
         soonest: float | None = None
         for key in list(self.jobs.keys()):
-            cr = first_view(self.jobs, key)
+            cr = newest_view(self.jobs, key)
             record = self.reconciler.ledger.record(key, cr)
             if cr is None or record is None or not record.finished:
                 continue

@@ -7,7 +7,7 @@ replaces, never edits, and nothing downstream mutates its inputs (status.assess 
 dicts), so deep copies would only burn CPU — they were the operator's top cost at 500 jobs.
 
 The indices hold each view packed into one compact JSON string (`pack`), decoded when a
-reconcile reads it (`first_view`, `all_views`). As dicts, a job's three views were ~250 small
+reconcile reads it (`newest_view`, `all_views`). As dicts, a job's three views were ~250 small
 objects (~20 KiB; the job's spec and status conditions most of it) against ~3.5 KiB packed;
 and small objects that outlive a burst of watch events, scattered among the burst's freed
 ones, keep Python's allocator from giving those pages back (docs/benchmarks/operator.md).
@@ -82,7 +82,7 @@ def batch_job_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == KUEUE_QUEUE_LABEL}
     return {
         "metadata": dict(
-            _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
+            _pick(meta, ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")),
             labels=labels,
             ownerReferences=_owner_uids(meta),
         ),
@@ -98,7 +98,7 @@ def pod_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     return {
         "metadata": dict(
-            _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
+            _pick(meta, ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")),
             labels={k: v for k, v in labels.items() if k == COMPLETION_INDEX_KEY},
             ownerReferences=_owner_uids(meta),
         ),
@@ -161,11 +161,27 @@ def unpack(packed: str) -> dict[str, Any]:
     return json.loads(packed)
 
 
-def first_view(index: Mapping[Any, Iterable[str]], key: Any) -> dict[str, Any] | None:
-    """The (only) view a kopf index holds under `key`, decoded; None when there is none."""
-    for packed in index.get(key) or ():
-        return unpack(packed)
-    return None
+def resource_version(view: Mapping[str, Any]) -> int:
+    """The view's metadata.resourceVersion as a number (-1 when it has none or it is not one).
+
+    The API calls resourceVersions opaque; kube-apiserver's are etcd revisions, which only grow,
+    and the operator compares them in two places only, both about one resource of one API
+    server: which of two views is newer (`newest_view`) and whether a listing is newer than a
+    view (controller/index_audit.py). docs/decisions.md says why."""
+    value = (view.get("metadata") or {}).get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else -1
+
+
+def newest_view(index: Mapping[Any, Iterable[str]], key: Any) -> dict[str, Any] | None:
+    """The newest view a kopf index holds under `key`, decoded; None when there is none.
+
+    One object's key usually holds one view. It holds two when an object was deleted and another
+    created under the same name while kopf's watch was down: kopf re-lists after such a gap
+    without dropping what the listing lacks, so the deleted one stays (until the index audit
+    drops it). The newer one is the live one: a name's next incarnation is created after the
+    last change of the one before, so its resourceVersion is higher."""
+    views = [unpack(packed) for packed in index.get(key) or ()]
+    return max(views, key=resource_version) if views else None
 
 
 def all_views(index: Mapping[Any, Iterable[str]], key: Any) -> list[dict[str, Any]]:
