@@ -3,7 +3,9 @@ reaches its phase, and the operator says so in WARNING lines, with no ERROR and 
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,60 @@ def test_api_server_restart_mid_burst_loses_no_job_and_logs_no_error(cluster, ku
     assert "Traceback" not in log, log[log.index("Traceback") - 2000 : log.index("Traceback") + 3000]
     # The outage was met (by the reconciles, kopf's watches or both) and said in WARNING lines.
     assert re.search(r"WARNING .*(on a transient API error|Request attempt #)", log), log[-5000:]
+
+
+@pytest.mark.slow
+def test_jobs_replaced_and_deleted_while_the_operator_could_not_watch_are_seen_as_they_are(
+    cluster, kube_cluster, crd_installed, tmp_path
+):
+    """The operator is frozen across an API server restart, and meanwhile one job is deleted and
+    created again under the same name and another is deleted. Its watches cannot resume (the
+    restarted server has no history: 410 Gone) and kopf re-lists, which drops nothing: both
+    deleted jobs stay in kopf's index. The live job of the reused name still gets its own status
+    and gang, and the index audit drops the two deleted ones."""
+    kubeconfig = Path(kube_cluster.kubeconfig)
+    if not (kubeconfig.resolve().parent / "pids" / "kube-apiserver.pid").is_file():
+        pytest.skip("restarting the API server needs a `colocgrpo dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+    namespace = kube_cluster.new_namespace("unseen")
+    own = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log")
+    try:
+        own.start()
+        old = cluster.create_job(namespace, tiny_job("phoenix"))["metadata"]["uid"]
+        gone = cluster.create_job(namespace, tiny_job("gone"))["metadata"]["uid"]
+        for name in ("phoenix", "gone"):
+            wait_for(lambda name=name: phase(cluster, namespace, name) == "Running", 60, f"{name} Running")
+        os.kill(own.process.pid, signal.SIGSTOP)
+        try:
+            restart_component(kubeconfig, "kube-apiserver")
+            wait_for(lambda: _api_ready(cluster, namespace), 120, "the API server back")
+            for name in ("phoenix", "gone"):
+                cluster.delete_job(namespace, name)
+                wait_for(lambda name=name: cluster.get_job(namespace, name) is None, 30, f"{name} deleted")
+            new = cluster.create_job(namespace, tiny_job("phoenix"))["metadata"]["uid"]
+        finally:
+            os.kill(own.process.pid, signal.SIGCONT)
+        running = wait_for(
+            lambda: (
+                (job := cluster.get_job(namespace, "phoenix"))
+                and (job.get("status") or {}).get("phase") == "Running"
+                and job
+            ),
+            90,
+            "the new phoenix Running",
+            on_timeout=own.log_tail,
+        )
+        assert running["metadata"]["uid"] == new
+        live = [j for j in cluster.batch_jobs(namespace, "phoenix") if not j["metadata"].get("deletionTimestamp")]
+        assert [o["uid"] for j in live for o in j["metadata"]["ownerReferences"]] == [new], live
+        wait_for(
+            lambda: f"(uid {old})" in own.log_path.read_text() and f"(uid {gone})" in own.log_path.read_text(),
+            60,
+            "the index audit to drop both deleted jobs",
+            on_timeout=own.log_tail,
+        )
+        assert own.alive()
+    finally:
+        own.stop()
+        kube_cluster.delete_namespace(namespace)
+    log = own.log_path.read_text(errors="replace")
+    assert not re.search(r"\b(ERROR|CRITICAL)\b", log) and "Traceback" not in log, log[-5000:]

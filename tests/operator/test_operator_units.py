@@ -25,11 +25,12 @@ from colocgrpo_operator.controller.scheduling import PredecessorPending
 from colocgrpo_operator.controller.snapshots import (
     all_views,
     batch_job_snapshot,
-    first_view,
     has_view,
     job_resource_snapshot,
+    newest_view,
     pack,
     pod_snapshot,
+    unpack,
 )
 from colocgrpo_operator.controller.specs import ParsedSpec
 
@@ -273,14 +274,14 @@ def test_indices_keep_views_packed_and_hand_them_out_decoded():
     packed = pack(view)
     assert isinstance(packed, str) and '", "' not in packed and '": ' not in packed  # compact separators
     index = {("ns", "a"): [packed], ("ns", "gone"): []}
-    assert first_view(index, ("ns", "a")) == view and first_view(index, ("ns", "gone")) is None
+    assert newest_view(index, ("ns", "a")) == view and newest_view(index, ("ns", "gone")) is None
     assert has_view(index, ("ns", "a")) and not has_view(index, ("ns", "gone")) and not has_view(index, ("x", "y"))
     pods = [pod_snapshot({"metadata": {"name": f"p{i}"}, "status": {"phase": "Running"}}) for i in range(2)]
     assert all_views({("ns", "a"): [pack(p) for p in pods]}, ("ns", "a")) == pods
     assert all_views({}, ("ns", "a")) == []
-    decoded = first_view(index, ("ns", "a"))
+    decoded = newest_view(index, ("ns", "a"))
     decoded["status"]["phase"] = "Failed"  # every read is a fresh copy: nothing mutates the index
-    assert first_view(index, ("ns", "a"))["status"]["phase"] == "Running"
+    assert newest_view(index, ("ns", "a"))["status"]["phase"] == "Running"
 
 
 def test_watch_view_shows_phase_step_reward_and_conditions():
@@ -774,3 +775,54 @@ def test_kopf_lines_about_events_a_terminating_namespace_refuses_are_debug() -> 
         assert quiet.filter(record) is True and record.levelname == "DEBUG"
     finally:
         poster.setLevel(logging.NOTSET)
+
+
+def test_the_newest_of_two_views_under_one_key_is_the_live_one():
+    """A deleted job kopf never saw go sits beside its successor of the same name: the successor,
+    created after the predecessor's last change, has the higher resourceVersion."""
+    old, new = tiny(), tiny()
+    old["metadata"].update(uid="old", resourceVersion="900")
+    new["metadata"].update(uid="new", resourceVersion="1000")  # numerically higher, lexically lower
+    index = {("ns", "a"): [pack(job_resource_snapshot(old)), pack(job_resource_snapshot(new))]}
+    assert newest_view(index, ("ns", "a"))["metadata"]["uid"] == "new"
+    index = {("ns", "a"): [pack(job_resource_snapshot(new)), pack(job_resource_snapshot(old))]}
+    assert newest_view(index, ("ns", "a"))["metadata"]["uid"] == "new"
+
+
+def test_the_index_audit_drops_only_entries_a_newer_listing_lacks():
+    from kopf._core.engines.indexing import Index as KopfIndex
+
+    from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
+
+    def pod(name: str, uid: str, version: str, namespace: str = "ns") -> dict:
+        return {"metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": version}}
+
+    index: KopfIndex = KopfIndex()
+    entries = [
+        pod("gone", "u-gone", "90"),  # deleted in the gap: older than the listing, not in it
+        pod("live", "u-live", "95"),  # in the listing
+        pod("young", "u-young", "120"),  # newer than the listing: perhaps created after it
+        pod("other", "u-other", "90", namespace="ns2"),  # another namespace, listed on its own
+    ]
+    for body in entries:
+        meta = body["metadata"]
+        index._replace((meta["namespace"], meta["name"], meta["uid"]), {(meta["namespace"], "job"): pack(body)})
+    listings = {
+        "ns": {"metadata": {"resourceVersion": "100"}, "items": [pod("live", "u-live", "95")]},
+        "ns2": {"metadata": {"resourceVersion": "100"}, "items": [pod("other", "u-other", "90", "ns2")]},
+    }
+    asked, reconciled = [], []
+
+    async def list_objects(kind, namespace, selector):
+        asked.append((kind, namespace, selector))
+        return listings[namespace]
+
+    audit = IndexAudit(
+        [AuditedIndex("Pod", index, "colocgrpo.io/job-name")], list_objects, 1.0, reconciled.append, logging.getLogger()
+    )
+    dropped = asyncio.run(audit.audit_once())
+    assert [(d.kind, d.job, d.name, d.uid) for d in dropped] == [("Pod", ("ns", "job"), "gone", "u-gone")]
+    assert sorted(unpack(p)["metadata"]["name"] for p in index[("ns", "job")]) == ["live", "young"]
+    assert asked == [("Pod", "ns", "colocgrpo.io/job-name"), ("Pod", "ns2", "colocgrpo.io/job-name")]
+    assert reconciled == [("ns", "job")]
+    assert asyncio.run(audit.audit_once()) == [] and reconciled == [("ns", "job")]

@@ -29,6 +29,7 @@ _KIND_PATHS = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Job": ("/apis/batch/v1", "jobs"),
+    "Pod": ("/api/v1", "pods"),
     KIND: (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 

@@ -18,15 +18,20 @@ from typing import Any, NamedTuple, Protocol
 
 import kopf
 
-from colocgrpo_operator.api.naming import OPERATOR_NAME
+from colocgrpo_operator.api import KIND
+from colocgrpo_operator.api.naming import JOB_NAME_LABEL, OPERATOR_NAME
 from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials
 from colocgrpo_operator.controller.housekeeping import Housekeeper
-from colocgrpo_operator.controller.kube import KubeApi
-from colocgrpo_operator.controller.metrics import start_metrics_server
+from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
+from colocgrpo_operator.controller.kube import KubeApi, object_path
+from colocgrpo_operator.controller.metrics import JOB_METRICS, start_metrics_server
 from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.controller.reconciler import Reconciler
-from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, first_view
+from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, has_view, newest_view
+
+# The index audit (controller/index_audit.py) runs once every this many re-check periods.
+AUDIT_EVERY_RECHECKS = 3
 
 
 class JobIndices(NamedTuple):
@@ -42,8 +47,8 @@ class JobIndices(NamedTuple):
         """One job's inputs as the indices hold them now, decoded. Call it on the event loop
         (kopf updates the indices there), so they cannot change while it decodes them."""
         return (
-            first_view(self.jobs, key),
-            first_view(self.batch_jobs, key),
+            newest_view(self.jobs, key),
+            newest_view(self.batch_jobs, key),
             all_views(self.pods, key),
             all_views(self.workloads, key),
         )
@@ -66,6 +71,8 @@ class OperatorRuntime:
         kube: the blocking Kubernetes client, one connection per executor thread.
         reconciler: the one `Reconciler` every trigger goes through.
         housekeeper: the operator-wide re-check and TTL loop, not yet running (`start_housekeeping`).
+        index_audit: drops index entries of objects deleted while a watch was down
+            (controller/index_audit.py); it starts with the housekeeping loop.
         metrics_server: the Prometheus endpoint, None when `config.metrics_port` is 0.
         namespace_rescan: the namespaces kopf's observer missed, served (`start_namespace_rescan`;
             controller/namespaces.py); None when the operator is cluster-wide or kopf runs without
@@ -88,8 +95,20 @@ class OperatorRuntime:
         self.housekeeper = housekeeper
         self.metrics_server = metrics_server
         self.namespace_rescan: NamespaceRescan | None = None
+        self.index_audit = IndexAudit(
+            [
+                AuditedIndex(KIND, indices.jobs),
+                AuditedIndex("Job", indices.batch_jobs, JOB_NAME_LABEL),
+                AuditedIndex("Pod", indices.pods, JOB_NAME_LABEL),
+            ],
+            self._list_objects,
+            config.recheck_seconds * AUDIT_EVERY_RECHECKS,
+            self._entries_dropped,
+            logging.getLogger("colocgrpo.operator"),
+        )
         self._housekeeping: asyncio.Task[None] | None = None
         self._rescanning: asyncio.Task[None] | None = None
+        self._auditing: asyncio.Task[None] | None = None
 
     @classmethod
     def open(
@@ -128,6 +147,20 @@ class OperatorRuntime:
         if self._housekeeping is None:
             loop = asyncio.get_running_loop()
             self._housekeeping = loop.create_task(self.housekeeper.run(), name="colocgrpo-housekeeping")
+            self._auditing = loop.create_task(self.index_audit.run(), name="colocgrpo-index-audit")
+
+    async def _list_objects(self, kind: str, namespace: str, selector: str | None) -> dict[str, Any]:
+        """One kind's objects in one namespace (with that label selector), for the index audit."""
+        query = {"labelSelector": selector} if selector else None
+        listing = await asyncio.to_thread(self.kube.request, "GET", object_path(kind, namespace), query=query)
+        return listing or {}
+
+    def _entries_dropped(self, key: Key) -> None:
+        """The index audit dropped entries under a job's key: judge the job again from what is
+        left, and forget its metrics when the job itself was what went."""
+        if not has_view(self.indices.jobs, key):
+            JOB_METRICS.forget(key)
+        self.reconciler.reconcile_soon(key, self.indices.reader(key), trigger="audit")
 
     def start_namespace_rescan(self, insights: Insights | None, logger: logging.Logger) -> None:
         """Start the namespace rescan (controller/namespaces.py) over the Insights object kopf
@@ -152,12 +185,12 @@ class OperatorRuntime:
         """Stop the housekeeping loop, the namespace rescan and the reconciles running in the
         background, then close the connection pool and the metrics endpoint. Safe to call once
         the operator stops."""
-        for task in (self._housekeeping, self._rescanning):
+        for task in (self._housekeeping, self._rescanning, self._auditing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._housekeeping = self._rescanning = None
+        self._housekeeping = self._rescanning = self._auditing = None
         await self.reconciler.schedule.cancel_background()
         self.kube.close()
         if self.metrics_server is not None:
