@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import kopf
@@ -104,10 +104,13 @@ class IndexAudit:
         """One audit of every audited index; returns what it dropped."""
         dropped: list[Dropped] = []
         for audited in self.audited:
-            namespaces = sorted({ns for (ns, _, _) in _entries(audited.index) if ns is not None})
-            for namespace in namespaces:
+            by_namespace: dict[str, dict[ObjectKey, Key]] = {}
+            for object_key, (job, _) in _entries(audited.index, list(audited.index)).items():
+                if object_key[0] is not None:
+                    by_namespace.setdefault(object_key[0], {})[object_key] = job
+            for namespace, entries in sorted(by_namespace.items()):
                 listing = await self.list_objects(audited.kind, namespace, audited.selector)
-                dropped += _drop_unlisted(audited, namespace, listing)
+                dropped += _drop_unlisted(audited, entries, listing)
         for job in dict.fromkeys(d.job for d in dropped):
             self.on_dropped(job)
         if dropped:
@@ -119,10 +122,11 @@ class IndexAudit:
         return dropped
 
 
-def _entries(index: kopf.Index[Key, str]) -> dict[ObjectKey, tuple[Key, int]]:
-    """Every object an index holds: its kopf key -> (the job key it is under, its resourceVersion)."""
+def _entries(index: kopf.Index[Key, str], jobs: Iterable[Key]) -> dict[ObjectKey, tuple[Key, int]]:
+    """The objects an index holds under those job keys: each one's kopf key -> (the job key it
+    is under, its resourceVersion)."""
     found: dict[ObjectKey, tuple[Key, int]] = {}
-    for job in list(index):
+    for job in jobs:
         for packed in index.get(job) or ():
             view = unpack(packed)
             meta = view.get("metadata") or {}
@@ -130,19 +134,23 @@ def _entries(index: kopf.Index[Key, str]) -> dict[ObjectKey, tuple[Key, int]]:
     return found
 
 
-def _drop_unlisted(audited: AuditedIndex, namespace: str, listing: dict[str, Any]) -> list[Dropped]:
-    """Drop the entries in `namespace` of objects `listing` lacks and predates nothing of.
+def _drop_unlisted(audited: AuditedIndex, entries: dict[ObjectKey, Key], listing: dict[str, Any]) -> list[Dropped]:
+    """Drop those entries (of one namespace, as found before `listing` was asked for) whose
+    objects `listing` lacks, if the listing is newer than the entry as the index holds it now.
     Runs on the event loop without awaiting, so kopf cannot change the index meanwhile."""
     listed_at = resource_version(listing)
     if listed_at < 0 or not isinstance(audited.index, KopfIndex):
         return []
     live = {(item.get("metadata") or {}).get("uid") for item in listing.get("items") or []}
+    unlisted = {key for key in entries if key[2] is not None and key[2] not in live}
+    now = _entries(audited.index, {entries[key] for key in unlisted})  # re-read: the index may have moved on
     dropped = []
-    for object_key, (job, version) in _entries(audited.index).items():
-        ns, name, uid = object_key
-        if ns != namespace or uid is None or uid in live or not 0 <= version < listed_at:
+    for object_key in sorted(unlisted & now.keys(), key=str):
+        job, version = now[object_key]
+        if not 0 <= version < listed_at:
             continue
+        ns, name, uid = object_key
         # kopf's own removal of a deleted object's entry (its key: namespace, name, uid).
-        audited.index._discard((NamespaceName(ns), name, uid))
-        dropped.append(Dropped(audited.kind, job, str(name), uid))
+        audited.index._discard((NamespaceName(str(ns)), name, uid))
+        dropped.append(Dropped(audited.kind, job, str(name), str(uid)))
     return dropped
