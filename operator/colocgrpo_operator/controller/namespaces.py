@@ -91,10 +91,26 @@ class NamespaceRescan:
         anything); returns the namespaces it added."""
         async with self.insights.revised:
             before = set(self.insights.namespaces)
-            # Namespace objects as the API lists them: exactly the raw bodies kopf's own listing hands over.
-            raw_bodies = cast(list[kopf.RawBody], namespaces)
+            # Namespace objects as the API lists them: exactly the raw bodies kopf's own listing hands
+            # over, less the deleted ones not served now. kopf counts a namespace as deleted only
+            # once the namespace controller has written its conditions, so a namespace deleted a
+            # moment ago would be served again, only for its watches to be stopped at its next
+            # event: each start and stop makes kopf's orchestrator wait, and serve no new namespace
+            # meanwhile.
+            raw_bodies = cast(
+                list[kopf.RawBody],
+                [ns for ns in namespaces if not _deleted(ns) or _name(ns) in before],
+            )
             revise_namespaces(raw_bodies=raw_bodies, insights=self.insights, namespaces=self.patterns)
             after = set(self.insights.namespaces)
             if after != before:
                 self.insights.revised.notify_all()
         return {str(name) for name in after - before if name is not None}
+
+
+def _deleted(namespace: dict[str, Any]) -> bool:
+    return bool((namespace.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _name(namespace: dict[str, Any]) -> str:
+    return str((namespace.get("metadata") or {}).get("name") or "")
