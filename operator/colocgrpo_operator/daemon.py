@@ -252,11 +252,28 @@ def run(args: argparse.Namespace) -> int:
             memo=kopf.Memo(config=config, credentials=credentials, insights=insights),
         )
     finally:
+        _close_loop(loop)
         if elector is not None:
             elector.stop(release=True)  # a standby takes over at once, not after the lease duration
         if probe_server is not None:
             probe_server.shutdown()
     return 0
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """What `asyncio.run` does once its coroutine is done, for the loop kopf ran on (kopf runs a
+    loop it is given and leaves it as it is): cancel the tasks left, let async generators run
+    their cleanup, close. Left to the garbage collector at exit, an unfinished watch stream's
+    generator was an asyncio ERROR ("Task was destroyed but it is pending")."""
+    try:
+        left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
 
 
 def _elector(config: OperatorConfig, credentials: Credentials) -> LeaderElector:

@@ -835,3 +835,30 @@ def test_the_index_audit_drops_only_entries_a_newer_listing_lacks():
     assert asked == [("Pod", "ns", "colocgrpo.io/job-name"), ("Pod", "ns2", "colocgrpo.io/job-name")]
     assert reconciled == [("ns", "job")]
     assert asyncio.run(audit.audit_once()) == [] and reconciled == [("ns", "job")]
+
+
+def test_the_operators_loop_is_finished_as_asyncio_run_finishes_one():
+    """kopf runs the loop it is given and leaves it: the daemon cancels the tasks left, lets an
+    unfinished watch stream's generator clean up, and closes the loop."""
+    from colocgrpo_operator.daemon import _close_loop
+
+    cleaned = []
+
+    async def stream():
+        try:
+            while True:
+                yield 1
+        finally:
+            await asyncio.sleep(0)  # a cleanup that needs the loop, like closing an HTTP response
+            cleaned.append(True)
+
+    generator = stream()
+
+    async def consume_one() -> None:  # on the loop, so the loop knows the generator
+        await generator.__anext__()
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(consume_one())  # half-consumed, as a watch is at shutdown
+    left = loop.create_task(asyncio.sleep(3600))
+    _close_loop(loop)
+    assert left.cancelled() and cleaned == [True] and loop.is_closed()
