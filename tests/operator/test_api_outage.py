@@ -25,6 +25,15 @@ def _api_ready(cluster, namespace: str) -> bool:
     return True
 
 
+def _quiet_log(own: OperatorProcess) -> str:
+    """The operator's log, once it is known to hold no ERROR line and no traceback."""
+    log = own.log_path.read_text(errors="replace")
+    errors = [line for line in log.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b", line)]
+    assert errors == [], "\n".join(errors[:40])
+    assert "Traceback" not in log, log[log.index("Traceback") - 2000 : log.index("Traceback") + 3000]
+    return log
+
+
 @pytest.mark.slow
 def test_api_server_restart_mid_burst_loses_no_job_and_logs_no_error(cluster, kube_cluster, crd_installed, tmp_path):
     kubeconfig = Path(kube_cluster.kubeconfig)
@@ -59,10 +68,7 @@ def test_api_server_restart_mid_burst_loses_no_job_and_logs_no_error(cluster, ku
     finally:
         own.stop()
         kube_cluster.delete_namespace(namespace)
-    log = own.log_path.read_text(errors="replace")
-    errors = [line for line in log.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b", line)]
-    assert errors == [], "\n".join(errors[:40])
-    assert "Traceback" not in log, log[log.index("Traceback") - 2000 : log.index("Traceback") + 3000]
+    log = _quiet_log(own)
     # The outage was met (by the reconciles, kopf's watches or both) and said in WARNING lines.
     assert re.search(r"WARNING .*(on a transient API error|Request attempt #)", log), log[-5000:]
 
@@ -120,5 +126,4 @@ def test_jobs_replaced_and_deleted_while_the_operator_could_not_watch_are_seen_a
     finally:
         own.stop()
         kube_cluster.delete_namespace(namespace)
-    log = own.log_path.read_text(errors="replace")
-    assert not re.search(r"\b(ERROR|CRITICAL)\b", log) and "Traceback" not in log, log[-5000:]
+    _quiet_log(own)
