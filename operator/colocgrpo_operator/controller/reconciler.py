@@ -45,8 +45,8 @@ from colocgrpo_operator.controller.workers import creation_refusal
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
 # (condition, reason) worth a Warning event of their own when it appears, whatever the phase does.
 _WARNING_CONDITIONS = (("Running", derive.POD_CREATION_FAILED), ("Progressing", derive.PROGRESS_DEADLINE_EXCEEDED))
-# Every kind of child the operator renders besides the batch Job (render/), each labelled with
-# the job's name.
+# Every kind of child the operator may render besides the batch Job (render/), each labelled
+# with the job's name and named after it.
 _CHILD_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding")
 # The API server's answer when an apply would give a child a second controller owner.
 _SECOND_CONTROLLER = "Only one reference can have Controller set to true"
@@ -330,7 +330,7 @@ class Reconciler:
                 new_job = not evidence.previous
                 alongside = [first.write()]
                 if new_job:  # once per incarnation, while its children are applied
-                    alongside.append(self._sweep_predecessors(key, cr))
+                    alongside.append(self._sweep_predecessors(key, cr, {c.get("kind") for c in rendered}))
                 await self._apply_children(rendered, new_job, *alongside)
             await first.write()
             if creating:
@@ -514,14 +514,15 @@ class Reconciler:
         if self.kube.delete(kind, namespace, name, propagation=propagation, uid=meta.get("uid")):
             self.logger.info("%s: removed %s %s of a deleted job of the same name", namespace, kind, name)
 
-    async def _sweep_predecessors(self, key: Key, cr: dict[str, Any]) -> None:
-        """Delete every child a deleted job of the same name left behind (each kind at once), when
-        this job is new. `_apply_child` meets the ones this job renders too (same names); this
-        finds the rest: a 2-node predecessor's Service, say, under a 1-node successor. The
-        garbage collector misses them for good when the owner was replaced under the same name
-        while its watch was down (an API server restart): its informer sees one object change,
-        never a deletion."""
-        await asyncio.gather(*(self._blocking(self._sweep_kind, kind, key, cr) for kind in _CHILD_KINDS))
+    async def _sweep_predecessors(self, key: Key, cr: dict[str, Any], rendered_kinds: set[Any]) -> None:
+        """Delete the children a deleted job of the same name left behind of the kinds this new
+        job does not render (each kind at once): a 2-node predecessor's Service, say, under a
+        1-node successor. The kinds it renders have the same names in every incarnation, and
+        `_apply_child` deletes a predecessor's one that gets in the way. The garbage collector
+        misses them for good when the owner was replaced under the same name while its watch was
+        down (an API server restart): its informer sees one object change, never a deletion."""
+        kinds = [kind for kind in _CHILD_KINDS if kind not in rendered_kinds]
+        await asyncio.gather(*(self._blocking(self._sweep_kind, kind, key, cr) for kind in kinds))
 
     def _sweep_kind(self, kind: str, key: Key, cr: dict[str, Any]) -> None:
         namespace, name = key
