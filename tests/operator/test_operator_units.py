@@ -862,3 +862,44 @@ def test_the_operators_loop_is_finished_as_asyncio_run_finishes_one():
     left = loop.create_task(asyncio.sleep(3600))
     _close_loop(loop)
     assert left.cancelled() and cleaned == [True] and loop.is_closed()
+
+
+class _SweptKube:
+    """Lists one leftover of each kind asked for, in three ownerships; records lists and deletes."""
+
+    def __init__(self):
+        self.listed: list[str] = []
+        self.deleted: list[tuple[str, str]] = []
+
+    def list_labelled(self, kind, namespace, selector):
+        self.listed.append(kind)
+
+        def child(name: str, owner_name: str, owner_uid: str) -> dict:
+            owner = {"kind": "ColocGRPOJob", "name": owner_name, "uid": owner_uid}
+            return {"metadata": {"name": name, "uid": f"{name}-uid", "ownerReferences": [owner]}}
+
+        return [
+            child("predecessors", "demo", "old-uid"),  # a deleted job of the same name: goes
+            child("mine", "demo", "current-uid"),  # this job's own
+            child("someone-elses", "other", "other-uid"),  # another job's
+        ]
+
+    def delete(self, kind, namespace, name, *, propagation="Background", uid=None):
+        self.deleted.append((kind, name))
+        return True
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_new_job_sweeps_only_kinds_it_does_not_render_and_only_a_predecessors(nodes):
+    body = tiny()
+    body["metadata"].update(name="demo", namespace="ns", uid="current-uid")
+    body["spec"]["resources"]["nodes"] = nodes
+    body["spec"]["checkpoint"] = {"resume": "never"}
+    kube = _SweptKube()
+    with concurrent.futures.ThreadPoolExecutor(4) as executor:
+        reconciler = Reconciler(kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"))
+        rendered = {c["kind"] for c in reconciler._render(ParsedSpec(body), body)}
+        asyncio.run(reconciler._sweep_predecessors(("ns", "demo"), body, rendered))
+    # A multi-node job renders a Service of its own name: a predecessor's is met on the apply.
+    assert kube.listed == ([] if nodes > 1 else ["Service"])
+    assert kube.deleted == ([] if nodes > 1 else [("Service", "predecessors")])
