@@ -35,26 +35,13 @@ from colocgrpo_training.agreement import gather
 from colocgrpo_training.config import VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
-from colocgrpo_training.planner.micro_batches import MicroBatchMerge, Pin, plan_micro_batches
+from colocgrpo_training.planner.micro_batches import MERGE_ENV, MicroBatchMerge, merge_pin, plan_micro_batches
 from colocgrpo_training.planner.shapes import PlanInputError
 
 log = logging.getLogger("colocgrpo.micro_batches")
 
-MERGE_ENV = "COLOCGRPO_MICRO_BATCH_MERGE"
 GPU_MEMORY_ENV = "COLOCGRPO_GPU_MEMORY_GIB"
 GIB = 1024**3
-
-
-def merge_pin(environ: Mapping[str, str]) -> Pin:
-    """`COLOCGRPO_MICRO_BATCH_MERGE`: auto (unset), off, or a positive factor."""
-    value = environ.get(MERGE_ENV, "").strip().lower()
-    if value in ("", "auto"):
-        return "auto"
-    if value == "off":
-        return "off"
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise InvalidConfigError(f"{MERGE_ENV}={value!r}: expected auto, off or a merge factor (1, 2, 4, ...)")
 
 
 def gpu_memory_gib(environ: Mapping[str, str]) -> float | None:

@@ -58,6 +58,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs
 from colocgrpo_training.planner.plan import TIGHT_HEADROOM_FRACTION, plan_inputs
 
@@ -87,6 +88,20 @@ DEFAULTS: dict[str, Any] = {
 _MOE_KEYS = ("output_router_logits", "num_experts", "num_local_experts", "n_routed_experts")
 
 Pin = Literal["auto", "off"] | int
+# Where a job pins the merge (spec.podTemplate.env): auto (unset), off, or a factor.
+MERGE_ENV = "COLOCGRPO_MICRO_BATCH_MERGE"
+
+
+def merge_pin(environ: Mapping[str, str]) -> Pin:
+    """`COLOCGRPO_MICRO_BATCH_MERGE`: auto (unset), off, or a positive factor; InvalidConfigError otherwise."""
+    value = environ.get(MERGE_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value == "off":
+        return "off"
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise InvalidConfigError(f"{MERGE_ENV}={value!r}: expected auto, off or a merge factor (1, 2, 4, ...)")
 
 
 @dataclasses.dataclass(frozen=True)

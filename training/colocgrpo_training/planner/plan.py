@@ -496,19 +496,19 @@ def plan_from_spec(
 def _micro_batches(spec: Any, inputs: PlanInputs) -> MicroBatchMerge | None:
     """The merge the trainer's processes would agree on for this spec on GPUs of `inputs.gpu_memory_gib`, with the
     pin a job sets in `spec.podTemplate.env` (COLOCGRPO_MICRO_BATCH_MERGE); None where it cannot be planned."""
-    from colocgrpo_training.planner.micro_batches import plan_micro_batches
+    from colocgrpo_training.failures import InvalidConfigError
+    from colocgrpo_training.planner.micro_batches import MERGE_ENV, merge_pin, plan_micro_batches
 
     data = spec.model_dump(by_alias=True) if hasattr(spec, "model_dump") else spec
     if not isinstance(data, Mapping):
         return None
     grpo = data.get("trainerArgs") or {}
     env = (data.get("podTemplate") or {}).get("env") or []
-    pin_value = next((str(e.get("value", "")) for e in env if e.get("name") == "COLOCGRPO_MICRO_BATCH_MERGE"), "")
-    pin: Pin = "auto"
-    if pin_value.strip().lower() == "off":
-        pin = "off"
-    elif pin_value.strip().isdigit() and int(pin_value) >= 1:
-        pin = int(pin_value)
+    pin_value = next((str(e.get("value", "")) for e in env if e.get("name") == MERGE_ENV), "")
+    try:
+        pin: Pin = merge_pin({MERGE_ENV: pin_value})
+    except InvalidConfigError:
+        pin = "auto"  # the trainer refuses it, naming the variable; the plan shows what auto would do
     try:
         return plan_micro_batches(grpo, inputs, world_size=inputs.nodes * inputs.gpus_per_node, pin=pin)
     except ValueError:
