@@ -193,13 +193,8 @@ def restart_component(kubeconfig: Path, component: str = "kube-apiserver") -> No
     cluster being created could take it. Raises FileNotFoundError when `kubeconfig` is not a
     `colocgrpo dev cluster`'s (no pid file beside it).
     """
-    folder = Path(kubeconfig).resolve().parent
-    pid_file = folder / "pids" / f"{component}.pid"
-    pid = int(pid_file.read_text().strip())
+    folder, pid_file, pid, command = _component_process(kubeconfig, component)
     proc = Path(f"/proc/{pid}")
-    command = [part for part in (proc / "cmdline").read_bytes().decode().split("\0") if part]
-    if not command or str(folder) not in command[0]:
-        raise FileNotFoundError(f"pid {pid} of {pid_file} is not this cluster's {component}")
     environment = dict(
         entry.split("=", 1) for entry in (proc / "environ").read_bytes().decode().split("\0") if "=" in entry
     )
@@ -240,17 +235,25 @@ def paused_component(kubeconfig: Path, component: str) -> Iterator[None]:
     kube-controller-manager. Raises FileNotFoundError when `kubeconfig` is not a
     `colocgrpo dev cluster`'s.
     """
-    folder = Path(kubeconfig).resolve().parent
-    pid_file = folder / "pids" / f"{component}.pid"
-    pid = int(pid_file.read_text().strip())
-    command = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[0]
-    if str(folder) not in command:
-        raise FileNotFoundError(f"pid {pid} of {pid_file} is not this cluster's {component}")
+    _, _, pid, _ = _component_process(kubeconfig, component)
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def _component_process(kubeconfig: Path, component: str) -> tuple[Path, Path, int, list[str]]:
+    """The cluster folder, pid file, pid and command line of one process of the local cluster whose
+    kubeconfig is `kubeconfig`. Raises FileNotFoundError when there is no pid file beside it, or
+    its pid is another program's now."""
+    folder = Path(kubeconfig).resolve().parent
+    pid_file = folder / "pids" / f"{component}.pid"
+    pid = int(pid_file.read_text().strip())
+    command = [part for part in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if part]
+    if not command or str(folder) not in command[0]:
+        raise FileNotFoundError(f"pid {pid} of {pid_file} is not this cluster's {component}")
+    return folder, pid_file, pid, command
 
 
 def _wait_bindable(port: int, timeout: float = 10) -> None:
