@@ -417,8 +417,8 @@ class _WritesKube:
             self.batch_job = dict(obj, status={})
             return self.batch_job
 
-    def list_labelled(self, kind, namespace, selector):
-        return []  # no predecessor left anything
+    def list_objects(self, kind, namespace, selector=None):
+        return {"items": []}  # no predecessor left anything
 
     def patch_annotations(self, namespace, name, uid, annotations):
         with self.lock:
@@ -871,18 +871,20 @@ class _SweptKube:
         self.listed: list[str] = []
         self.deleted: list[tuple[str, str]] = []
 
-    def list_labelled(self, kind, namespace, selector):
+    def list_objects(self, kind, namespace, selector=None):
         self.listed.append(kind)
 
         def child(name: str, owner_name: str, owner_uid: str) -> dict:
             owner = {"kind": "ColocGRPOJob", "name": owner_name, "uid": owner_uid}
             return {"metadata": {"name": name, "uid": f"{name}-uid", "ownerReferences": [owner]}}
 
-        return [
-            child("predecessors", "demo", "old-uid"),  # a deleted job of the same name: goes
-            child("mine", "demo", "current-uid"),  # this job's own
-            child("someone-elses", "other", "other-uid"),  # another job's
-        ]
+        return {
+            "items": [
+                child("predecessors", "demo", "old-uid"),  # a deleted job of the same name: goes
+                child("mine", "demo", "current-uid"),  # this job's own
+                child("someone-elses", "other", "other-uid"),  # another job's
+            ]
+        }
 
     def delete(self, kind, namespace, name, *, propagation="Background", uid=None):
         self.deleted.append((kind, name))

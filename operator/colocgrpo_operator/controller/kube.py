@@ -270,11 +270,11 @@ class KubeApi:
                 return None
             raise
 
-    def list_labelled(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        """The namespace's objects of `kind` whose labels match `selector` (a label selector)."""
-        answer = self.request("GET", object_path(kind, namespace), query={"labelSelector": selector}) or {}
-        items: list[dict[str, Any]] = answer.get("items") or []
-        return items
+    def list_objects(self, kind: str, namespace: str, selector: str | None = None) -> dict[str, Any]:
+        """The namespace's objects of `kind` (those whose labels match `selector`, a label selector,
+        when given): the API's list object, its metadata.resourceVersion and its items."""
+        query = {"labelSelector": selector} if selector else None
+        return self.request("GET", object_path(kind, namespace), query=query) or {}
 
     def delete(
         self, kind: str, namespace: str, name: str, *, propagation: str = "Background", uid: str | None = None

@@ -526,7 +526,7 @@ class Reconciler:
 
     def _sweep_kind(self, kind: str, key: Key, cr: dict[str, Any]) -> None:
         namespace, name = key
-        for obj in self.kube.list_labelled(kind, namespace, f"{JOB_NAME_LABEL}={name}"):
+        for obj in self.kube.list_objects(kind, namespace, f"{JOB_NAME_LABEL}={name}").get("items") or []:
             if _predecessors(obj, cr):
                 self._delete_predecessors(kind, namespace, obj)
 

@@ -24,7 +24,7 @@ from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.credentials import Credentials
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
-from colocgrpo_operator.controller.kube import KubeApi, object_path
+from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.metrics import JOB_METRICS, start_metrics_server
 from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.controller.reconciler import Reconciler
@@ -101,7 +101,7 @@ class OperatorRuntime:
                 AuditedIndex("Job", indices.batch_jobs, JOB_NAME_LABEL),
                 AuditedIndex("Pod", indices.pods, JOB_NAME_LABEL),
             ],
-            self._list_objects,
+            lambda kind, namespace, selector: asyncio.to_thread(self.kube.list_objects, kind, namespace, selector),
             config.recheck_seconds * AUDIT_EVERY_RECHECKS,
             self._entries_dropped,
             logging.getLogger("colocgrpo.operator"),
@@ -148,12 +148,6 @@ class OperatorRuntime:
             loop = asyncio.get_running_loop()
             self._housekeeping = loop.create_task(self.housekeeper.run(), name="colocgrpo-housekeeping")
             self._auditing = loop.create_task(self.index_audit.run(), name="colocgrpo-index-audit")
-
-    async def _list_objects(self, kind: str, namespace: str, selector: str | None) -> dict[str, Any]:
-        """One kind's objects in one namespace (with that label selector), for the index audit."""
-        query = {"labelSelector": selector} if selector else None
-        listing = await asyncio.to_thread(self.kube.request, "GET", object_path(kind, namespace), query=query)
-        return listing or {}
 
     def _entries_dropped(self, key: Key) -> None:
         """The index audit dropped entries under a job's key: judge the job again from what is
