@@ -15,7 +15,17 @@ from hypothesis import strategies as st
 from bench.fuzz import set_path
 from colocgrpo_operator.controller.kube import KubeApiError
 from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
-from support.operator_harness import OperatorProcess, condition, phase, running_pod, tiny_job, wait_for, wait_phase
+from support.operator_harness import (
+    OperatorProcess,
+    condition,
+    phase,
+    running_pod,
+    tiny_job,
+    trainer_config_text,
+    wait_event,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -118,15 +128,7 @@ def test_invalid_spec_is_reported_and_creates_nothing(cluster, operator, op_name
     time.sleep(1)
     assert cluster.batch_jobs(ns, name) == []
     assert cluster.list("/api/v1", "configmaps", ns, f"colocgrpo.io/job-name={name}") == []
-    wait_for(
-        lambda: any(
-            e.get("reason") == "Failed" and "spec.podTemplate.volumeMounts[0].mountPath" in (e.get("message") or "")
-            for e in cluster.events(ns)
-        ),
-        10,
-        "a Failed Event naming spec.podTemplate.volumeMounts[0].mountPath",
-        on_timeout=lambda: str(cluster.events(ns)),
-    )
+    wait_event(cluster, ns, "Failed", "spec.podTemplate.volumeMounts[0].mountPath", 10)
 
     # Fixing the spec revives the job.
     cluster.patch_job(ns, name, {"spec": {"podTemplate": {"volumeMounts": [{"name": "extra", "mountPath": "/extra"}]}}})
@@ -512,16 +514,9 @@ def test_frozen_trainer_args_change_is_refused_not_rolled_out(cluster, operator,
     ns, name = op_namespace, "frozen"
     cluster.create_job(ns, tiny_job(name))
     wait_phase(cluster, ns, name, "Running", operator=operator)
-    before = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-config")["data"]["grpo.yaml"]
+    before = trainer_config_text(cluster, ns, name)
     cluster.patch_job(ns, name, {"spec": {"trainerArgs": {"learning_rate": 0.5}}})
-    wait_for(
-        lambda: any(
-            e.get("reason") == "ImmutableField" and "spec.trainerArgs" in (e.get("message") or "")
-            for e in cluster.events(ns)
-        ),
-        20,
-        "an ImmutableField warning naming spec.trainerArgs",
-    )
-    after = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}-config")["data"]["grpo.yaml"]
+    wait_event(cluster, ns, "ImmutableField", "spec.trainerArgs", 20)
+    after = trainer_config_text(cluster, ns, name)
     assert after == before
     assert phase(cluster, ns, name) == "Running"

@@ -15,7 +15,7 @@ from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
 from colocgrpo_operator.devcluster.cluster import paused_component
 from colocgrpo_operator.render import render_service
-from support.operator_harness import OperatorProcess, condition, tiny_job, wait_for
+from support.operator_harness import OperatorProcess, condition, tiny_job, trainer_config_text, wait_event, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -316,18 +316,11 @@ def test_a_large_spec_the_api_admits_is_tracked_runs_and_stays_frozen(cluster, o
     annotations = running["metadata"].get("annotations") or {}
     diffbase = annotations.get("colocgrpo.io/last-handled-configuration", "")
     assert "sha256:" in diffbase and len(diffbase) < 10_000, len(diffbase)
-    config = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/huge-config")["data"]["grpo.yaml"]
+    config = trainer_config_text(cluster, ns, "huge")
     assert "x" * 300_000 in config  # the trainer gets the value itself
     cluster.patch_job(ns, "huge", {"spec": {"trainerArgs": {"run_name": "y" * 300_000}}})
-    wait_for(
-        lambda: any(
-            e.get("reason") == "ImmutableField" and "spec.trainerArgs" in (e.get("message") or "")
-            for e in cluster.events(ns)
-        ),
-        30,
-        "an ImmutableField warning naming spec.trainerArgs",
-    )
-    after = cluster.api.request("GET", f"/api/v1/namespaces/{ns}/configmaps/huge-config")["data"]["grpo.yaml"]
+    wait_event(cluster, ns, "ImmutableField", "spec.trainerArgs", 30)
+    after = trainer_config_text(cluster, ns, "huge")
     assert after == config
     log = _log_since(operator, mark)
     assert "Too long" not in log and "Traceback" not in log, log[-3000:]

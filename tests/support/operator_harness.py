@@ -292,6 +292,26 @@ def wait_phase(
     )
 
 
+def wait_event(cluster: Cluster, namespace: str, reason: str, naming: str, timeout: float) -> None:
+    """Until the namespace holds an Event of that reason whose message names `naming`."""
+    wait_for(
+        lambda: any(
+            e.get("reason") == reason and naming in (e.get("message") or "") for e in cluster.events(namespace)
+        ),
+        timeout,
+        f"a {reason} Event naming {naming}",
+        on_timeout=lambda: str(cluster.events(namespace)),
+    )
+
+
+def trainer_config_text(cluster: Cluster, namespace: str, job: str) -> str:
+    """The trainer config (grpo.yaml) in the job's ConfigMap, as text."""
+    from colocgrpo_operator.api.naming import GRPO_CONFIG_KEY
+
+    config_map = cluster.api.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{job}-config")
+    return str(config_map["data"][GRPO_CONFIG_KEY])
+
+
 def gang_state(cluster: Cluster, namespace: str, name: str) -> str:
     """What the control plane says of a job's gang, for a timeout's message: each batch Job's
     status, each pod's node, phase and conditions, and the namespace's Events."""
