@@ -315,7 +315,9 @@ STALL_DEADLINE_SECONDS = 6
 
 def can_restart_apiserver(kubeconfig: Path) -> bool:
     """Whether the cluster is a local dev cluster, whose kube-apiserver a trial may restart."""
-    return (Path(kubeconfig).resolve().parent / "pids" / "kube-apiserver.pid").is_file()
+    from colocgrpo_operator.devcluster.cluster import has_component
+
+    return has_component(kubeconfig, "kube-apiserver")
 
 
 # One restart at a time: workers share the one API server.

@@ -243,12 +243,22 @@ def paused_component(kubeconfig: Path, component: str) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+def has_component(kubeconfig: Path, component: str) -> bool:
+    """Whether the cluster of `kubeconfig` is a `colocgrpo dev cluster` with that process, which
+    `restart_component` and `paused_component` can act on."""
+    return _pid_file(kubeconfig, component).is_file()
+
+
+def _pid_file(kubeconfig: Path, component: str) -> Path:
+    return Path(kubeconfig).resolve().parent / "pids" / f"{component}.pid"
+
+
 def _component_process(kubeconfig: Path, component: str) -> tuple[Path, Path, int, list[str]]:
     """The cluster folder, pid file, pid and command line of one process of the local cluster whose
     kubeconfig is `kubeconfig`. Raises FileNotFoundError when there is no pid file beside it, or
     its pid is another program's now."""
     folder = Path(kubeconfig).resolve().parent
-    pid_file = folder / "pids" / f"{component}.pid"
+    pid_file = _pid_file(kubeconfig, component)
     pid = int(pid_file.read_text().strip())
     command = [part for part in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if part]
     if not command or str(folder) not in command[0]:
