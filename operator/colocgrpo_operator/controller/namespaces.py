@@ -33,6 +33,8 @@ import kopf
 from kopf._cogs.structs.references import Insights
 from kopf._core.reactor.observation import revise_namespaces
 
+from colocgrpo_operator.controller.objects import dig
+
 ListNamespaces = Callable[[], Awaitable[list[dict[str, Any]]]]
 
 
@@ -97,20 +99,14 @@ class NamespaceRescan:
             # moment ago would be served again, only for its watches to be stopped at its next
             # event: each start and stop makes kopf's orchestrator wait, and serve no new namespace
             # meanwhile.
-            raw_bodies = cast(
-                list[kopf.RawBody],
-                [ns for ns in namespaces if not _deleted(ns) or _name(ns) in before],
-            )
+            listed = [
+                ns
+                for ns in namespaces
+                if not dig(ns, "metadata", "deletionTimestamp") or dig(ns, "metadata", "name") in before
+            ]
+            raw_bodies = cast(list[kopf.RawBody], listed)
             revise_namespaces(raw_bodies=raw_bodies, insights=self.insights, namespaces=self.patterns)
             after = set(self.insights.namespaces)
             if after != before:
                 self.insights.revised.notify_all()
         return {str(name) for name in after - before if name is not None}
-
-
-def _deleted(namespace: dict[str, Any]) -> bool:
-    return bool((namespace.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def _name(namespace: dict[str, Any]) -> str:
-    return str((namespace.get("metadata") or {}).get("name") or "")
