@@ -66,14 +66,6 @@ def _restart_gang(cluster, operator, ns: str, name: str, pod: dict) -> None:
     _wait_phase(cluster, operator, ns, name, "Running")
 
 
-def _log_since(operator, mark: int) -> str:
-    return operator.log_path.read_text(errors="replace")[mark:]
-
-
-def _log_mark(operator) -> int:
-    return len(operator.log_path.read_text(errors="replace"))
-
-
 def restarts_logged(log: str, ns: str, name: str) -> list[str]:
     """The operator's "gang restart" lines about one job."""
     return [line for line in log.splitlines() if f"{ns}/{name}: gang restart after" in line]
@@ -86,11 +78,11 @@ def test_a_gang_restart_is_counted_once(cluster, operator, op_namespace) -> None
     cluster.create_job(ns, tiny_job("twice", runPolicy={"maxRestarts": 3}))
     pod = _running_pod(cluster, ns, "twice")
     _wait_phase(cluster, operator, ns, "twice", "Running")
-    before, mark = operator.gang_restarts(), _log_mark(operator)
+    before, mark = operator.gang_restarts(), operator.log_mark()
     _restart_gang(cluster, operator, ns, "twice", pod)  # until the replacement gang runs
     assert cluster.get_job(ns, "twice")["status"]["restarts"] == 1
     assert operator.gang_restarts() - before == 1
-    assert len(restarts_logged(_log_since(operator, mark), ns, "twice")) == 1, operator.log_tail()
+    assert len(restarts_logged(operator.log_since(mark), ns, "twice")) == 1, operator.log_tail()
 
 
 def test_status_writes_carry_the_uid_of_their_incarnation(cluster, operator, op_namespace) -> None:
@@ -309,7 +301,7 @@ def test_a_large_spec_the_api_admits_is_tracked_runs_and_stays_frozen(cluster, o
     runs it; kopf's diff-base keeps its long values as digests, so it fits its annotation, and a
     change of the frozen trainerArgs is still refused, not rolled out."""
     ns = op_namespace
-    mark = _log_mark(operator)
+    mark = operator.log_mark()
     cluster.create_job(ns, tiny_job("huge", trainerArgs={"run_name": "x" * 300_000}))
     running = _wait_phase(cluster, operator, ns, "huge", "Running")
     assert condition(running, "SpecValid")["status"] == "True"
@@ -322,7 +314,7 @@ def test_a_large_spec_the_api_admits_is_tracked_runs_and_stays_frozen(cluster, o
     wait_event(cluster, ns, "ImmutableField", "spec.trainerArgs", 30)
     after = trainer_config_text(cluster, ns, "huge")
     assert after == config
-    log = _log_since(operator, mark)
+    log = operator.log_since(mark)
     assert "Too long" not in log and "Traceback" not in log, log[-3000:]
 
 
@@ -340,12 +332,12 @@ def test_deleting_the_namespace_is_not_a_gang_failure(cluster, kube_cluster, ope
     cluster.create_job(ns, tiny_job("doomed", runPolicy={"maxRestarts": 5}))
     _running_pod(cluster, ns, "doomed")
     _wait_phase(cluster, operator, ns, "doomed", "Running")
-    mark = _log_mark(operator)
+    mark = operator.log_mark()
     kube_cluster.delete_namespace(ns)
     wait_for(lambda: cluster.api.namespace_terminating(ns) and cluster.get_job(ns, "doomed") is None, 120,
              "the namespace's job to go")  # fmt: skip
     time.sleep(3)  # what the operator does as the last pods go
-    log = _log_since(operator, mark)
+    log = operator.log_since(mark)
     mine = [line for line in log.splitlines() if ns in line]
     assert not [line for line in mine if "gang restart" in line or "-> Restarting" in line], mine
     assert not [line for line in mine if " ERROR " in line], mine
@@ -413,7 +405,7 @@ def test_jobs_deleted_mid_reconcile_log_no_errors(cluster, operator, op_namespac
     """Create and delete at once, again and again: the operator's writes meet 404s and replaced
     objects, which are expected, not ERROR lines with tracebacks."""
     ns = op_namespace
-    mark = _log_mark(operator)
+    mark = operator.log_mark()
     for i in range(12):
         cluster.create_job(ns, tiny_job(f"brief-{i % 3}"))
         cluster.delete_job(ns, f"brief-{i % 3}")
@@ -421,6 +413,6 @@ def test_jobs_deleted_mid_reconcile_log_no_errors(cluster, operator, op_namespac
     cluster.create_job(ns, tiny_job("last"))
     _wait_phase(cluster, operator, ns, "last", "Running")
     time.sleep(6)  # kopf retries a failed handler after 5 s: give it the chance to log one
-    log = _log_since(operator, mark)
+    log = operator.log_since(mark)
     assert "Traceback" not in log, log[-4000:]
     assert not re.search(rf"ERROR .*{ns}", log), log[-4000:]
