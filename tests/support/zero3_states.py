@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -39,12 +39,30 @@ def storages(engine: Any) -> dict[str, dict[int, int]]:
 
 
 def moved_bytes(before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]) -> dict[str, int]:
-    """Bytes of each state's storages that `offload_states` replaced (the tensor now lives elsewhere)."""
+    """Bytes of each state's storages that `offload_states` replaced (the tensor now lives elsewhere).
+
+    Compares addresses: valid only while every storage of `before` is still alive, or the allocator
+    can hand a freed one's address to a new buffer (see `moved_by`)."""
     return {
         state: sum(n for ptr, n in held.items() if ptr not in after.get(state, {}))
         for state, held in before.items()
         if any(ptr not in after.get(state, {}) for ptr in held)
     }
+
+
+def moved_by(engine: Any, offload: Callable[[], None]) -> dict[str, int]:
+    """Bytes of each state's storages that `offload()` replaced, as `moved_bytes` counts them.
+
+    The tensors of before stay referenced until after the comparison. Otherwise a storage the
+    offload frees can be reused at once for the next new buffer: on DeepSpeed's CPU accelerator the
+    "offloaded" copies are host buffers from the same allocator, so a moment moved into the address
+    its sibling just left would look as if it had never moved."""
+    held = state_tensors(engine)
+    before = storages(engine)
+    offload()
+    moved = moved_bytes(before, storages(engine))
+    del held
+    return moved
 
 
 def snapshot(engine: Any) -> dict[str, Any]:

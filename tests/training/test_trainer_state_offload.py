@@ -36,11 +36,10 @@ from support.tiny_llama import tiny_llama  # noqa: E402
 from support.zero3_states import (  # noqa: E402
     differences,
     grouped_parameters,
-    moved_bytes,
+    moved_by,
     relabelled_as_fused_adam,
     single_process_env,
     snapshot,
-    storages,
     zero3_config,
 )
 
@@ -109,10 +108,12 @@ def offloading_generation(engine) -> ColocatedVLLM:
 def test_offload_moves_every_zero3_buffer_the_planner_credits(make_engine):
     engine = make_engine(seed=1)
     micro_step(engine, 0)  # the optimizer's moments exist after its first step
-    before = storages(engine)
-    with relabelled_as_fused_adam(engine):
-        engine.offload_states(pin_memory=True, non_blocking=False)
-    moved = moved_bytes(before, storages(engine))
+
+    def offload() -> None:
+        with relabelled_as_fused_adam(engine):
+            engine.offload_states(pin_memory=True, non_blocking=False)
+
+    moved = moved_by(engine, offload)
     assert {s.value for s in engine.optimizer.offloaded_states} == ALL_STATES
     planned = formulas.zero3_resident(
         parameter_count(engine), 1, 2, offload_optimizer=False, offload_parameters=False, bucket_elements=BUCKET
@@ -127,9 +128,8 @@ def test_offload_moves_every_zero3_buffer_the_planner_credits(make_engine):
 def test_offload_with_the_optimizer_on_cpu_moves_partitions_and_bucket_only(make_engine):
     engine = make_engine(seed=2, offload_optimizer=True)
     micro_step(engine, 0)
-    before = storages(engine)
-    engine.offload_states(pin_memory=True, non_blocking=False)  # any optimizer: DeepSpeed moves no moments
-    moved = moved_bytes(before, storages(engine))
+    # any optimizer: DeepSpeed moves no moments
+    moved = moved_by(engine, lambda: engine.offload_states(pin_memory=True, non_blocking=False))
     planned = formulas.zero3_resident(
         parameter_count(engine), 1, 2, offload_optimizer=True, offload_parameters=False, bucket_elements=BUCKET
     ).moved_by_offload_states(offload_optimizer=True)
