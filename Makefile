@@ -15,7 +15,7 @@ export COLOCGRPO_CACHE := $(CACHE)
 
 # Venvs are keyed by the files that define their contents. The trainer venv's torch stack (several GB)
 # is keyed only by its pin file, so editing pyproject.toml reinstalls the small project deps, not torch.
-DEV_KEY := $(shell cat pyproject.toml | sha256sum | cut -c1-12)
+DEV_KEY := $(shell cat pyproject.toml dev/pyproject.toml | sha256sum | cut -c1-12)
 TRAINER_KEY := $(shell cat training/requirements-cpu-test.txt | sha256sum | cut -c1-12)
 DEV_VENV := $(CACHE)/venv-dev-$(DEV_KEY)
 TRAINER_VENV := $(CACHE)/venv-trainer-$(TRAINER_KEY)
@@ -39,7 +39,7 @@ DEV_PY := $(DEV_VENV)/bin/python
 TRAINER_PY := $(TRAINER_VENV)/bin/python
 
 # The checkout always wins over whatever a cached venv holds, so one venv serves every clone.
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/training
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/training:$(CURDIR)/dev
 export PATH := $(DEV_VENV)/bin:$(PATH)
 
 PYTEST_ARGS ?=
@@ -56,7 +56,7 @@ $(DEV_READY):
 	rm -rf "$(DEV_VENV)"
 	$(PYTHON) -m venv "$(DEV_VENV)"
 	"$(DEV_PY)" -m pip install -q --upgrade pip
-	"$(DEV_PY)" -m pip install -q -e '.[dev]'
+	"$(DEV_PY)" -m pip install -q -e '.[dev]' -e dev/
 	touch "$(DEV_READY)"
 
 dev-venv: $(DEV_READY)
@@ -65,7 +65,7 @@ $(FLOOR_READY):
 	rm -rf "$(FLOOR_VENV)"
 	$(PYTHON) -m venv "$(FLOOR_VENV)"
 	"$(FLOOR_PY)" -m pip install -q --upgrade pip
-	"$(FLOOR_PY)" -m pip install -q -e '.[dev]' "kopf==$(KOPF_FLOOR)"
+	"$(FLOOR_PY)" -m pip install -q -e '.[dev]' -e dev/ "kopf==$(KOPF_FLOOR)"
 	touch "$(FLOOR_READY)"
 
 # torch from PyPI is the CUDA build (several GB): its venv is built once per pin set and cached.
@@ -98,8 +98,8 @@ $(TRAINER_DEEPSPEED): $(TRAINER_READY)
 trainer-venv: $(TRAINER_STAMP) $(TRAINER_DEEPSPEED)
 
 cluster-bin: dev-venv
-	bash tests/cluster/build.sh
-	bash tests/cluster/build-kueue.sh
+	bash dev/colocgrpo_dev/cluster/build/build.sh
+	bash dev/colocgrpo_dev/cluster/build/build-kueue.sh
 
 crd: dev-venv
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd > charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml
@@ -111,7 +111,7 @@ lint: dev-venv trainer-venv
 	"$(TRAINER_VENV)/bin/ruff" check .
 	"$(TRAINER_VENV)/bin/ruff" format --check .
 	"$(TRAINER_PY)" -m mypy
-	"$(DEV_PY)" -m pylint --disable=all --enable=duplicate-code operator training bench tests
+	"$(DEV_PY)" -m pylint --disable=all --enable=duplicate-code operator training dev bench tests
 
 test: lint test-operator test-kopf-floor test-trainer
 
@@ -128,11 +128,11 @@ test-trainer: trainer-venv cluster-bin
 
 # The demo trains the tiny CPU job for real on this host (rank 0), so it needs the trainer venv too.
 demo: dev-venv cluster-bin trainer-venv
-	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_operator.cli dev demo
+	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_dev demo
 
 # The same path with SmolLM2-135M-Instruct (converted once into the cache): the reward rises (~15 min on 2 cores).
 demo-learn: dev-venv cluster-bin trainer-venv
-	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_operator.cli dev demo --learn
+	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_dev demo --learn
 
 clean-cache:
 	rm -rf "$(CACHE)"

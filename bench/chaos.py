@@ -56,7 +56,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 GROUP_PATH = "/apis/colocgrpo.io/v1alpha1"
 JOB_LABEL = "colocgrpo.io/job-name"
-EXIT_ANNOTATION = "colocgrpo.dev/fake-exit"  # devcluster/fake_pods.py: KWOK ends the pod with this exit code
+EXIT_ANNOTATION = "colocgrpo.dev/fake-exit"  # colocgrpo_dev/cluster/fake_pods.py: KWOK ends the pod with this exit code
 CHILDREN = (
     ("/api/v1", "configmaps", "{}-config"),
     ("/api/v1", "services", "{}"),
@@ -94,7 +94,7 @@ class Operator:
         self.port = 0
 
     def start(self, timeout: float = 90) -> None:
-        from colocgrpo_operator.devcluster.commands import start_operator
+        from colocgrpo_dev.cluster.commands import start_operator
 
         self.port = free_port()
         flags = [
@@ -129,7 +129,7 @@ class Operator:
             self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        from colocgrpo_operator.devcluster.commands import stop_process
+        from colocgrpo_dev.cluster.commands import stop_process
 
         stop_process(self.process)
 
@@ -315,7 +315,7 @@ STALL_DEADLINE_SECONDS = 6
 
 def can_restart_apiserver(kubeconfig: Path) -> bool:
     """Whether the cluster is a local dev cluster, whose kube-apiserver a trial may restart."""
-    from colocgrpo_operator.devcluster.cluster import has_component
+    from colocgrpo_dev.cluster.cluster import has_component
 
     return has_component(kubeconfig, "kube-apiserver")
 
@@ -326,7 +326,7 @@ _RESTART_LOCK = threading.Lock()
 
 def restart_apiserver(cluster: Cluster, kubeconfig: Path, namespace: str) -> None:
     """Crash and restart kube-apiserver, and wait until it serves ColocGRPOJobs again."""
-    from colocgrpo_operator.devcluster.cluster import restart_component
+    from colocgrpo_dev.cluster.cluster import restart_component
 
     with _RESTART_LOCK:
         restart_component(kubeconfig, "kube-apiserver")
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
 def ensure_cluster(kubeconfig: str | None, name: str) -> Path:
     if kubeconfig:
         return Path(kubeconfig)
-    from colocgrpo_operator.devcluster import DevCluster
+    from colocgrpo_dev.cluster import DevCluster
 
     return DevCluster(name=name).up()
 

@@ -314,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         print(results_table(args.table))
         return 0
 
+    from colocgrpo_dev.cluster import DevCluster
+    from colocgrpo_dev.cluster.commands import start_operator
     from colocgrpo_operator.controller.kube import KubeApi
-    from colocgrpo_operator.devcluster import DevCluster
-    from colocgrpo_operator.devcluster.commands import start_operator
 
     cluster = DevCluster(name=args.cluster_name)
     if args.fresh_cluster and not args.kubeconfig:

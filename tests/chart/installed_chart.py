@@ -22,7 +22,7 @@ from helm_chart import CHART, run_helm
 @dataclass
 class InstalledChart:
     helm: Path
-    cluster: Any  # colocgrpo_operator.devcluster.handle.ClusterHandle
+    cluster: Any  # colocgrpo_dev.cluster.handle.ClusterHandle
     release: str
     namespace: str
     values: tuple[str, ...] = ()
@@ -103,7 +103,7 @@ class InstalledChart:
 
 def can_i(cluster: Any, kubeconfig: Path, *args: str) -> bool:
     """`kubectl auth can-i ...` as the identity of `kubeconfig` (exit 0: yes, 1: no)."""
-    from colocgrpo_operator.devcluster.binaries import kubectl_path
+    from colocgrpo_dev.cluster.binaries import kubectl_path
 
     result = subprocess.run(
         [str(kubectl_path()), f"--kubeconfig={kubeconfig}", "auth", "can-i", *args],
@@ -202,6 +202,6 @@ class HostOperator:
 
     def stop(self, grace: float = 30) -> None:
         """SIGTERM, as the kubelet stops a container; SIGKILL after `grace` seconds."""
-        from colocgrpo_operator.devcluster.commands import stop_process
+        from colocgrpo_dev.cluster.commands import stop_process
 
         stop_process(self.process, grace)

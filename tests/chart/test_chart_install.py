@@ -274,8 +274,8 @@ def test_operator_with_the_chart_identity_runs_a_job_to_success(mode, request, k
 
     import yaml
 
+    from colocgrpo_dev.cluster.fake_pods import drive_pod_success, wait_for_pod_phase
     from colocgrpo_operator.api import JOB_NAME_LABEL
-    from colocgrpo_operator.devcluster.fake_pods import drive_pod_success, wait_for_pod_phase
 
     chart = request.getfixturevalue(mode)
     sa_kubeconfig = chart.service_account_kubeconfig(tmp_path / "sa.kubeconfig")

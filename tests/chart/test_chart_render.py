@@ -477,7 +477,7 @@ def test_crd_is_installed_from_crds_dir_and_can_be_skipped(render_chart):
 
 
 def test_trainer_status_policy_is_the_one_the_dev_cluster_installs(render_chart):
-    """The chart's policy is api/admission.py's (which the tests and `colocgrpo dev cluster up` install and the
+    """The chart's policy is api/admission.py's (which the tests and `colocgrpo-dev cluster up` install and the
     forgery tests prove), under the release's name, and can be turned off."""
     from colocgrpo_operator.api.admission import trainer_status_policy
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from colocgrpo_operator.cli.demo import reward_curve, reward_summary
+from colocgrpo_dev.demo import reward_curve, reward_summary
 
 
 def _line(step: int, reward: float | None) -> str:

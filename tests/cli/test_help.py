@@ -49,14 +49,23 @@ def test_help_lists_the_users_commands_only():
     text = build_parser().format_help()
     listed = listed_commands(text)
     assert listed == USER_COMMANDS
-    # The daemon and the pods' program are commands of their own; the developer tools are named once.
+    # The daemon and the pods' program are commands of their own; the developer tools are not the user's.
     assert "operator" not in listed and "train" not in listed
-    assert "colocgrpo dev --help" in text
+    assert " dev" not in text
 
 
-@pytest.mark.parametrize("argv", [["dev", "cluster", "status"], ["dev", "demo"]])
-def test_developer_tools_stay_reachable(argv):
-    args = build_parser().parse_args(argv)
+def test_the_users_command_has_no_developer_tools(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["dev", "cluster", "status"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'dev'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["cluster", "status"], ["demo"]])
+def test_developer_tools_are_colocgrpo_dev(argv):
+    from colocgrpo_dev.cli import build_parser as dev_parser
+
+    args = dev_parser().parse_args(argv)
     assert callable(args.func)
 
 

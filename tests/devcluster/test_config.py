@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from colocgrpo_operator.devcluster.binaries import Binaries
-from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
-from colocgrpo_operator.devcluster.kwokctl_config import render_kwokctl_config
+from colocgrpo_dev.cluster.binaries import Binaries
+from colocgrpo_dev.cluster.gpu_nodes import render_gpu_nodes
+from colocgrpo_dev.cluster.kwokctl_config import render_kwokctl_config
 
 
 def test_kwokctl_config_is_loopback_only_with_rbac_and_our_stages(tmp_path):

@@ -11,8 +11,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from colocgrpo_operator.devcluster import drive_pod_success, wait_for_pod_phase
-from colocgrpo_operator.devcluster.gpu_nodes import GPU_RESOURCE
+from colocgrpo_dev.cluster import drive_pod_success, wait_for_pod_phase
+from colocgrpo_dev.cluster.gpu_nodes import GPU_RESOURCE
 
 pytestmark = pytest.mark.cluster
 

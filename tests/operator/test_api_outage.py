@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import urllib3
 
+from colocgrpo_dev.cluster.cluster import has_component, restart_component
 from colocgrpo_operator.controller.kube import KubeApiError
-from colocgrpo_operator.devcluster.cluster import has_component, restart_component
 from support.operator_harness import OperatorProcess, phase, tiny_job, wait_for
 
 
@@ -38,7 +38,7 @@ def _quiet_log(own: OperatorProcess) -> str:
 def test_api_server_restart_mid_burst_loses_no_job_and_logs_no_error(cluster, kube_cluster, crd_installed, tmp_path):
     kubeconfig = Path(kube_cluster.kubeconfig)
     if not has_component(kubeconfig, "kube-apiserver"):
-        pytest.skip("restarting the API server needs a `colocgrpo dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+        pytest.skip("restarting the API server needs a `colocgrpo-dev cluster` (COLOCGRPO_KUBECONFIG is another)")
     namespace = kube_cluster.new_namespace("outage")
     own = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log")
     names = [f"burst-{i}" for i in range(12)]
@@ -84,7 +84,7 @@ def test_jobs_replaced_and_deleted_while_the_operator_could_not_watch_are_seen_a
     and gang, and the index audit drops the two deleted ones."""
     kubeconfig = Path(kube_cluster.kubeconfig)
     if not has_component(kubeconfig, "kube-apiserver"):
-        pytest.skip("restarting the API server needs a `colocgrpo dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+        pytest.skip("restarting the API server needs a `colocgrpo-dev cluster` (COLOCGRPO_KUBECONFIG is another)")
     namespace = kube_cluster.new_namespace("unseen")
     own = OperatorProcess(kubeconfig, [namespace], tmp_path / "operator.log")
     try:

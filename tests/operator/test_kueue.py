@@ -1,4 +1,4 @@
-"""The operator against real Kueue (its manager built from the Go module, tests/cluster/build-kueue.sh):
+"""The operator against real Kueue (its manager built from the Go module, colocgrpo_dev/cluster/build/build-kueue.sh):
 quota, queueing, priority, preemption, suspension and deletion, on the fake 8-GPU nodes.
 
 Each test gets a namespace with a LocalQueue `gpu` over a ClusterQueue of its own holding 8 GPUs
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success
-from colocgrpo_operator.devcluster.kueue import MANAGED_NAMESPACE_LABEL
+from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success
+from colocgrpo_dev.cluster.kueue import MANAGED_NAMESPACE_LABEL
 from support.operator_harness import OperatorProcess, condition, kueue_queues, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz import set_path
+from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success, evict_pod
 from colocgrpo_operator.controller.kube import KubeApiError
-from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success, evict_pod
 from support.operator_harness import (
     OperatorProcess,
     condition,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from colocgrpo_dev.cluster.cluster import has_component, paused_component
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
-from colocgrpo_operator.devcluster.cluster import has_component, paused_component
 from colocgrpo_operator.render import render_service
 from support.operator_harness import OperatorProcess, condition, tiny_job, trainer_config_text, wait_event, wait_for
 
@@ -171,7 +171,7 @@ def test_a_predecessors_leftovers_go_though_the_garbage_collector_missed_them(
     controllers are back."""
     kubeconfig = Path(kube_cluster.kubeconfig)
     if not has_component(kubeconfig, "kube-controller-manager"):
-        pytest.skip("freezing the garbage collector needs a `colocgrpo dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+        pytest.skip("freezing the garbage collector needs a `colocgrpo-dev cluster` (COLOCGRPO_KUBECONFIG is another)")
     ns, name = op_namespace, "shrink"
     selector = f"colocgrpo.io/job-name={name}"
     kinds = [

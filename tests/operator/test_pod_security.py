@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from colocgrpo_operator.devcluster import drive_pod_success
+from colocgrpo_dev.cluster import drive_pod_success
 from support.operator_harness import condition, tiny_job, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.controller.kube import KubeApiError
-from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success
 from support.operator_harness import (
     Cluster,
     OperatorProcess,

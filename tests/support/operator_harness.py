@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from colocgrpo_operator.devcluster.commands import OPERATOR_COMMAND
+from colocgrpo_dev.cluster.commands import OPERATOR_COMMAND
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
@@ -61,7 +61,7 @@ class OperatorProcess:
         self.metrics_port = 0
 
     def start(self, timeout: float = 60) -> None:
-        from colocgrpo_operator.devcluster.commands import start_operator
+        from colocgrpo_dev.cluster.commands import start_operator
 
         self.liveness_port, self.metrics_port = free_port(), free_port()
         flags = [
@@ -121,7 +121,7 @@ class OperatorProcess:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        from colocgrpo_operator.devcluster.commands import stop_process
+        from colocgrpo_dev.cluster.commands import stop_process
 
         stop_process(self.process)
 

@@ -1,5 +1,5 @@
-"""PromQL the way Prometheus reads it, for tests: Prometheus' own parser (tests/cluster/promql, built from its Go
-module by tests/cluster/build-promql.sh and cached) lists the series selectors of an expression, and `matching`
+"""PromQL the way Prometheus reads it, for tests: Prometheus' own parser (tests/support/promql-selectors, built from
+its Go module by the build.sh there and cached) lists the series selectors of an expression, and `matching`
 tells which scraped samples a selector picks (the label matchers' semantics: regexes are anchored)."""
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 @cache
 def selectors_binary() -> Path:
     result = subprocess.run(
-        ["bash", str(REPO / "tests" / "cluster" / "build-promql.sh")], capture_output=True, text=True, check=False
+        ["bash", str(REPO / "tests" / "support" / "promql-selectors" / "build.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         raise RuntimeError(f"building promql-selectors failed:\n{result.stderr}")

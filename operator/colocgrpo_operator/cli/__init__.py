@@ -6,7 +6,7 @@ adds its parser and sets `func`. Subcommand modules must import heavy dependenci
 
 The operator daemon (`colocgrpo-operator`, `colocgrpo_operator.daemon`) and the trainer pods'
 program (`colocgrpo-train`, `colocgrpo_training.entrypoint`) are commands of their own. The
-developer tools (`dev cluster`, `dev demo`) stay reachable here but are not listed in `--help`.
+developer tools (the local cluster, the demo) are `colocgrpo-dev`, from the checkout's dev/ folder.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ SUBCOMMAND_MODULES: list[str] = [
     "watch",
     "logs",
     "crd",
-    "dev",
 ]
 
 PROG = "colocgrpo"
@@ -39,7 +38,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         prog=prog,
         description="Run GRPO with vLLM colocated in DeepSpeed ZeRO-3 training on Kubernetes: check, plan and "
         "render ColocGRPOJobs offline, follow them on a cluster.",
-        epilog=f"Developer tools (the local cluster, the demo): {prog} dev --help",
     )
     parser.add_argument("--version", action="version", version=f"colocgrpo {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds promql-selectors (tests/cluster/promql: Prometheus' own PromQL parser, as a Go module dependency) into a
+# Builds promql-selectors (this folder: Prometheus' own PromQL parser, as a Go module dependency) into a
 # cache folder keyed by its sources and the Go version, for the dashboard test (tests/chart/test_dashboard.py).
 # Skips the build when the binary is there. Prints the binary's path as the last stdout line.
 set -euo pipefail
@@ -7,7 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 
-key="$(cat "$here/build-promql.sh" "$here"/promql/go.mod "$here"/promql/go.sum "$here"/promql/main.go \
+key="$(cat "$here/build.sh" "$here"/go.mod "$here"/go.sum "$here"/main.go \
         <(go env GOVERSION) | sha256sum | cut -c1-16)"
 cache="${COLOCGRPO_CACHE:-$HOME/.cache/colocgrpo}"
 bin="$cache/promql-bin/$key/promql-selectors"
@@ -17,7 +17,7 @@ mkdir -p "$cache/promql-bin"
 tmp="$(mktemp -d "$cache/promql-bin/.tmp-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 echo ">> promql-selectors (github.com/prometheus/prometheus/promql/parser)" >&2
-(cd "$here/promql" && go build -trimpath -ldflags "-s -w" -o "$tmp/promql-selectors" .) >&2
+(cd "$here" && go build -trimpath -ldflags "-s -w" -o "$tmp/promql-selectors" .) >&2
 mkdir -p "$(dirname "$bin")"
 mv "$tmp/promql-selectors" "$bin"
 echo "$bin"

@@ -1,4 +1,4 @@
-"""The control-plane binaries: built from Go modules by tests/cluster/build.sh, cached by pins."""
+"""The control-plane binaries: built from Go modules by build/build.sh, cached by pins."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from colocgrpo_operator.devcluster.locking import file_lock
-from colocgrpo_operator.devcluster.paths import cache_dir, cluster_inputs_dir
+from colocgrpo_dev.cluster.locking import file_lock
+from colocgrpo_dev.cluster.paths import build_dir, cache_dir
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Binaries:
 def binaries_dir() -> Path:
     """The pin-keyed folder build.sh builds into (it may not exist yet)."""
     out = subprocess.run(
-        ["bash", str(cluster_inputs_dir() / "build.sh"), "--dir"],
+        ["bash", str(build_dir() / "build.sh"), "--dir"],
         check=True,
         capture_output=True,
         text=True,
@@ -37,7 +37,7 @@ def ensure_binaries() -> Binaries:
     # build.sh logs to stderr, which stays attached so a cold build shows progress.
     with file_lock(cache_dir() / "k8s-bin" / ".build.lock"):
         out = subprocess.run(
-            ["bash", str(cluster_inputs_dir() / "build.sh")],
+            ["bash", str(build_dir() / "build.sh")],
             check=True,
             stdout=subprocess.PIPE,
             text=True,

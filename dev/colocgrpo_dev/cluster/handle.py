@@ -10,8 +10,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from colocgrpo_operator.devcluster.binaries import kubectl_path
-from colocgrpo_operator.devcluster.commands import run
+from colocgrpo_dev.cluster.binaries import kubectl_path
+from colocgrpo_dev.cluster.commands import run
 
 
 @dataclass
@@ -37,7 +37,7 @@ class ClusterHandle:
 
     def set_fake_logs(self, namespace: str, pod: str, lines: list[str], container: str | None = None) -> Path:
         """Make `kubectl logs` of a fake pod print `lines` (see devcluster.fake_logs)."""
-        from colocgrpo_operator.devcluster.fake_logs import set_fake_logs
+        from colocgrpo_dev.cluster.fake_logs import set_fake_logs
 
         return set_fake_logs(self.api_client, self.kubeconfig, namespace, pod, lines, container)
 

@@ -1,7 +1,7 @@
 """Install the ColocGRPOJob API into a cluster the way the chart does: the CRD and the policy that
 keeps each job's trainer to `status.progress` (api/admission.py).
 
-Used by `colocgrpo dev cluster up`, the demo and the test fixtures; the chart ships the same
+Used by `colocgrpo-dev cluster up`, the demo and the test fixtures; the chart ships the same
 objects (crds/, templates/trainer-status-policy.yaml).
 """
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import yaml
 
-from colocgrpo_operator.devcluster.api_install import install_api
-from colocgrpo_operator.devcluster.binaries import binaries_dir, ensure_binaries, kubectl_path
-from colocgrpo_operator.devcluster.commands import run
-from colocgrpo_operator.devcluster.gpu_nodes import render_gpu_nodes
-from colocgrpo_operator.devcluster.kwokctl_config import render_kwokctl_config, write_fake_log
-from colocgrpo_operator.devcluster.locking import file_lock
-from colocgrpo_operator.devcluster.paths import cache_dir
+from colocgrpo_dev.cluster.api_install import install_api
+from colocgrpo_dev.cluster.binaries import binaries_dir, ensure_binaries, kubectl_path
+from colocgrpo_dev.cluster.commands import run
+from colocgrpo_dev.cluster.gpu_nodes import render_gpu_nodes
+from colocgrpo_dev.cluster.kwokctl_config import render_kwokctl_config, write_fake_log
+from colocgrpo_dev.cluster.locking import file_lock
+from colocgrpo_dev.cluster.paths import cache_dir
 
 DEFAULT_NAME = "colocgrpo"
 
@@ -191,7 +191,7 @@ def restart_component(kubeconfig: Path, component: str = "kube-apiserver") -> No
     refused until the new process listens, then answer 503 until it is ready. A crash rather than
     a graceful stop, so its port is free for the shortest time: on a shared machine another
     cluster being created could take it. Raises FileNotFoundError when `kubeconfig` is not a
-    `colocgrpo dev cluster`'s (no pid file beside it).
+    `colocgrpo-dev cluster`'s (no pid file beside it).
     """
     folder, pid_file, pid, command = _component_process(kubeconfig, component)
     proc = Path(f"/proc/{pid}")
@@ -233,7 +233,7 @@ def paused_component(kubeconfig: Path, component: str) -> Iterator[None]:
     For fault injection: a controller that misses everything while it is frozen (its watches
     see nothing; on resuming they find the world changed), e.g. the garbage collector in
     kube-controller-manager. Raises FileNotFoundError when `kubeconfig` is not a
-    `colocgrpo dev cluster`'s.
+    `colocgrpo-dev cluster`'s.
     """
     _, _, pid, _ = _component_process(kubeconfig, component)
     os.kill(pid, signal.SIGSTOP)
@@ -244,7 +244,7 @@ def paused_component(kubeconfig: Path, component: str) -> Iterator[None]:
 
 
 def has_component(kubeconfig: Path, component: str) -> bool:
-    """Whether the cluster of `kubeconfig` is a `colocgrpo dev cluster` with that process, which
+    """Whether the cluster of `kubeconfig` is a `colocgrpo-dev cluster` with that process, which
     `restart_component` and `paused_component` can act on."""
     return _pid_file(kubeconfig, component).is_file()
 

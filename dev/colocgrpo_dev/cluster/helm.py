@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from colocgrpo_operator.devcluster.paths import cache_dir, versions
+from colocgrpo_dev.cluster.paths import cache_dir, versions
 
 
 def helm_path() -> Path:

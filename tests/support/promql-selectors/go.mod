@@ -1,4 +1,4 @@
-module colocgrpo.io/tests/cluster/promql
+module colocgrpo.io/promql-selectors
 
 go 1.26.7
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from colocgrpo_operator.devcluster.kwokctl_config import FAKE_LOG_LINES
+from colocgrpo_dev.cluster.kwokctl_config import FAKE_LOG_LINES
 
 
 def _cri_lines(lines: Iterable[str], stream: str = "stdout") -> str:

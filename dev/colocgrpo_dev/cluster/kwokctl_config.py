@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from colocgrpo_operator.devcluster.binaries import Binaries
-from colocgrpo_operator.devcluster.paths import cluster_inputs_dir
+from colocgrpo_dev.cluster.binaries import Binaries
+from colocgrpo_dev.cluster.paths import kwok_stages_dir
 
 # kwok serves `kubectl logs` from files in the CRI log format ("<time> <stream> <F|P> <line>").
 FAKE_LOG_LINES = [
@@ -71,6 +71,6 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
             "spec": {"logs": [{"logsFile": str(fake_log), "previousLogsFile": str(fake_log)}]},
         },
     ]
-    for stage_file in sorted((cluster_inputs_dir() / "kwok").glob("*.yaml")):
+    for stage_file in sorted((kwok_stages_dir()).glob("*.yaml")):
         docs.extend(d for d in yaml.safe_load_all(stage_file.read_text()) if d)
     return yaml.safe_dump_all(docs, sort_keys=False)

