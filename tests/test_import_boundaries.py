@@ -117,8 +117,11 @@ def _operator_light_trainer_modules() -> list[Path]:
 
 def _where_it_runs(path: Path) -> str:
     """The extra whose install runs this file: the developer tools (dev/: the local cluster, the demo) run
-    with `dev`, the operator package with `operator`, the trainer with `trainer` plus `gpu`."""
+    with `dev` (their model builders with `trainer`), the operator package with `operator`, the trainer with
+    `trainer` plus `gpu`."""
     relative = path.relative_to(REPO).as_posix()
+    if relative.startswith("dev/colocgrpo_dev/models/"):
+        return "trainer"  # the model builders run where torch is: the trainer venv, a GPU host
     if relative.startswith("dev/"):
         return "dev"
     if relative.startswith("operator/"):

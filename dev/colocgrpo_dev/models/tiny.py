@@ -5,7 +5,7 @@ tokenizer with a ChatML chat template) that `AutoModelForCausalLM` / `AutoTokeni
 like any hub model — no download. The weights are random (seeded), so completions are
 noise; that is all a test of the plumbing needs.
 
-    python -m colocgrpo_training.tiny_model PATH
+    python -m colocgrpo_dev.models.tiny PATH
 """
 
 from __future__ import annotations
@@ -95,15 +95,13 @@ def build_tiny_model(path: str | Path, *, hidden_size: int = 64, num_layers: int
     )
     model.save_pretrained(str(path))
     (path / "colocgrpo-tiny.json").write_text(
-        json.dumps({"built_by": "colocgrpo_training.tiny_model", "hidden_size": hidden_size, "layers": num_layers})
+        json.dumps({"built_by": "colocgrpo_dev.models.tiny", "hidden_size": hidden_size, "layers": num_layers})
     )
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m colocgrpo_training.tiny_model", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m colocgrpo_dev.models.tiny", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="folder to write the model into (created)")
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)

