@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,8 @@ from typing import Any
 
 import yaml
 
+from colocgrpo_dev.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 GROUP_PATH = "/apis/colocgrpo.io/v1alpha1"
 JOB_LABEL = "colocgrpo.io/job-name"
@@ -65,23 +66,6 @@ CHILDREN = (
     ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", "{}-trainer"),
     ("/apis/batch/v1", "jobs", "{}"),
 )
-
-
-_PORTS_LOCK = threading.Lock()
-_PORTS_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A free local port, never one this process handed out before: concurrent workers start
-    operators at the same time, and two probes on one port would ask the wrong operator."""
-    with _PORTS_LOCK:
-        while True:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port: int = sock.getsockname()[1]
-            if port not in _PORTS_GIVEN:
-                _PORTS_GIVEN.add(port)
-                return port
 
 
 class Operator:

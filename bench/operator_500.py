@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,15 +34,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from colocgrpo_dev.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 # Reconciles by trigger: the histogram's count (create, update, resume, child, status, ...).
 RECONCILES = "colocgrpo_reconcile_duration_seconds_count"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:

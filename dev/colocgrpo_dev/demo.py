@@ -25,7 +25,6 @@ import argparse
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from colocgrpo_dev.ports import free_port
 
 NAMESPACE = "colocgrpo-demo"
 TINY_EXAMPLE = "examples/tiny-cpu.yaml"
@@ -91,12 +92,6 @@ def _repo_root() -> Path:
 
 def _say(text: str) -> None:
     print(f"==> {text}", flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def find_trainer_python(explicit: str | None) -> Path | None:
@@ -195,7 +190,7 @@ class DemoRun:
         install_api(self.cluster.kubectl)
 
     def start_operator(self) -> None:
-        port = _free_port()
+        port = free_port()
         log_path = self.workdir / "operator.log"
         _say(f"starting the operator (log: {log_path})")
         from colocgrpo_dev.cluster.commands import start_operator

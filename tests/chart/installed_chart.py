@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from typing import Any
 
 import yaml
 from helm_chart import CHART, run_helm
+
+from colocgrpo_dev.ports import free_port
 
 
 @dataclass
@@ -125,12 +126,6 @@ def wait_for_rbac(cluster: Any, kubeconfig: Path, namespace: str, timeout: float
     ):
         assert time.monotonic() < deadline, "the chart's RBAC never took effect"
         time.sleep(0.3)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 30) -> tuple[int, str]:

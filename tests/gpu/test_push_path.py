@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
+from colocgrpo_dev.ports import free_port
 from support.gpu_requirements import require_cuda_deepspeed
 
 pytestmark = pytest.mark.gpu
@@ -44,17 +44,11 @@ def _zero_section() -> dict:
     return {"stage": 3, "stage3_param_persistence_threshold": EVERY_PARAMETER}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def zero3_engine():
     from transformers import AutoModelForCausalLM
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     deepspeed.init_distributed(dist_backend="nccl")
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from colocgrpo_dev.ports import free_port
 from colocgrpo_operator.controller import credentials as creds
 from colocgrpo_operator.controller.credentials import CredentialsError, kubeconfig_credentials, load_credentials
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
-from support.operator_harness import REPO, free_port, tiny_job
+from support.operator_harness import REPO, tiny_job
 
 # ----------------------------------------------------------------------------- kubeconfig parsing
 

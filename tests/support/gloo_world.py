@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from support.local_pod import free_port
+from colocgrpo_dev.ports import free_port
 
 
 def run_world(worker, world: int, *args) -> None:

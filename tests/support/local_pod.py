@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,12 +31,7 @@ from typing import Any
 
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from colocgrpo_dev.ports import free_port
 
 # A reward that differs between completions of one prompt, so GRPO's advantages and updates are not zero.
 VARIED_REWARD = """

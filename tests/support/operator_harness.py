@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,16 +20,11 @@ from typing import Any
 import yaml
 
 from colocgrpo_dev.cluster.commands import OPERATOR_COMMAND
+from colocgrpo_dev.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
 NAMESPACE_PATTERN = "opt-*"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class OperatorProcess:

@@ -11,9 +11,10 @@ ones DeepSpeed 0.19's `DeepSpeedZeroOptimizer_Stage3.offload_states` re-points, 
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from colocgrpo_dev.ports import free_port
 
 
 def state_tensors(engine: Any) -> dict[str, list[Any]]:
@@ -99,12 +100,6 @@ def relabelled_as_fused_adam(engine: Any) -> Iterator[None]:
         yield
     finally:
         inner.__class__ = original
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def single_process_env() -> dict[str, str]:

@@ -29,7 +29,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -43,6 +42,7 @@ from colocgrpo_dev.cluster.binaries import kubectl_path
 from colocgrpo_dev.cluster.commands import run
 from colocgrpo_dev.cluster.locking import file_lock
 from colocgrpo_dev.cluster.paths import build_dir, cache_dir
+from colocgrpo_dev.ports import free_port
 
 KUEUE_NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
@@ -88,12 +88,6 @@ def ensure_kueue() -> KueueBuild:
         # The build logs to stderr, which stays attached so a cold build shows progress.
         out = subprocess.run(["bash", str(_build_script())], check=True, stdout=subprocess.PIPE, text=True).stdout
     return KueueBuild(Path(out.strip().splitlines()[-1]))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _b64(data: bytes) -> str:
@@ -255,7 +249,7 @@ class LocalKueue:
         self.workdir.mkdir(parents=True, exist_ok=True)
         certs = self.workdir / "certs"
         write_certificates(certs)
-        self.webhook_port, self.health_port = _free_port(), _free_port()
+        self.webhook_port, self.health_port = free_port(), free_port()
         url = f"https://127.0.0.1:{self.webhook_port}"
 
         secret = {
