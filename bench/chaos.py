@@ -37,13 +37,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from colocgrpo_dev.ports import free_port
+from colocgrpo_dev.operator_process import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP_PATH = "/apis/colocgrpo.io/v1alpha1"
@@ -66,66 +63,6 @@ CHILDREN = (
     ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", "{}-trainer"),
     ("/apis/batch/v1", "jobs", "{}"),
 )
-
-
-class Operator:
-    """`colocgrpo-operator` as a subprocess watching some namespaces: start, SIGKILL, stop; its log
-    accumulates across restarts."""
-
-    def __init__(self, kubeconfig: Path, namespaces: list[str], log_path: Path, src: Path = REPO):
-        self.kubeconfig, self.namespaces, self.log_path, self.src = kubeconfig, namespaces, log_path, src
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    def start(self, timeout: float = 90) -> None:
-        from colocgrpo_dev.cluster.commands import start_operator
-
-        self.port = free_port()
-        flags = [
-            f"--liveness-port={self.port}",
-            "--metrics-port=0",
-            "--recheck-seconds=2",
-            "--trainer-image=colocgrpo/trainer:test",
-            *(f"--namespace={ns}" for ns in self.namespaces),
-        ]
-        self.process = start_operator(self.src, self.kubeconfig, flags, self.log_path, append=True)
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the operator exited with {self.process.returncode}: see {self.log_path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the operator was not live after {timeout:g} s: see {self.log_path}")
-            time.sleep(0.2)
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        from colocgrpo_dev.cluster.commands import stop_process
-
-        stop_process(self.process)
-
-    def tracebacks(self) -> list[str]:
-        """Every traceback in the log, with the line before it (what was logged)."""
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        return [" | ".join(lines[max(0, i - 1) : i + 4]) for i, line in enumerate(lines) if "Traceback" in line]
-
-    def errors(self) -> list[str]:
-        """Every ERROR (or CRITICAL) line in the log."""
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        return [line for line in lines if " ERROR " in line or " CRITICAL " in line]
 
 
 def job_body(name: str, rng: random.Random, suspended: bool = False) -> dict[str, Any]:
@@ -343,7 +280,7 @@ def run_trial(
     rng = random.Random(trial.seed)
     namespace = trial.namespace
     cluster.new_namespace(namespace)
-    operator = Operator(kubeconfig, [namespace], work / f"{namespace}.log", src)
+    operator = OperatorProcess(kubeconfig, [namespace], work / f"{namespace}.log", checkout=src)
     try:
         operator.start()
         names = [f"c{i:02d}" for i in range(jobs)]
@@ -440,7 +377,7 @@ def run_trial(
     return trial
 
 
-def settle_and_check(cluster: Cluster, trial: Trial, operator: Operator, timeout: float = 120) -> list[str]:
+def settle_and_check(cluster: Cluster, trial: Trial, operator: OperatorProcess, timeout: float = 120) -> list[str]:
     """Wait until every check passes (the world is level-based: give it time), or report what
     still fails at the timeout."""
     deadline = time.monotonic() + timeout

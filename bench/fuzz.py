@@ -38,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from bench.chaos import REPO, Cluster, Operator, ensure_cluster
+from bench.chaos import REPO, Cluster, ensure_cluster
+from colocgrpo_dev.operator_process import OperatorProcess
 
 PHASE_SECONDS = 30.0
 SERVED_SECONDS = 5.0
@@ -213,7 +214,7 @@ def names_a_field(message: str) -> bool:
 
 
 def run_burst(
-    cluster: Cluster, operator: Operator, namespace: str, manifests: list[dict[str, Any]], threads: int
+    cluster: Cluster, operator: OperatorProcess, namespace: str, manifests: list[dict[str, Any]], threads: int
 ) -> dict[str, Any]:
     from colocgrpo_operator.controller.kube import KubeApiError
 
@@ -275,7 +276,7 @@ class FuzzWorker:
         self.index = index
         self.prefix = f"{prefix}-w{index}"
         self.cluster = Cluster(kubeconfig)
-        self.operator = Operator(kubeconfig, [f"{self.prefix}-*"], work / f"operator-w{index}.log", src)
+        self.operator = OperatorProcess(kubeconfig, [f"{self.prefix}-*"], work / f"operator-w{index}.log", checkout=src)
         self.crashes = 0
         self.namespaces: list[str] = []
 

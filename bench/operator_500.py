@@ -23,7 +23,6 @@ import concurrent.futures
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from colocgrpo_dev.ports import free_port
+from colocgrpo_dev.operator_process import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 # Reconciles by trigger: the histogram's count (create, update, resume, child, status, ...).
@@ -310,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from colocgrpo_dev.cluster import DevCluster
-    from colocgrpo_dev.cluster.commands import start_operator
     from colocgrpo_operator.controller.kube import KubeApi
 
     cluster = DevCluster(name=args.cluster_name)
@@ -340,16 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
 
-    live_port, metrics_port = free_port(), free_port()
     log_path = Path(f"/tmp/{namespace}-operator.log")
     source = Path(args.operator_src).resolve()
-    flags = [
-        f"--namespace={namespace}",
-        f"--liveness-port={live_port}",
-        f"--metrics-port={metrics_port}",
-        "--log-level=WARNING",
-    ]
-    operator = start_operator(source, kubeconfig, flags, log_path)
+    # The operator's own re-check period and trainer image: what a deployed operator runs with.
+    operator = OperatorProcess(
+        kubeconfig,
+        [namespace],
+        log_path,
+        checkout=source,
+        recheck_seconds=None,
+        trainer_image=None,
+        extra_args=("--log-level=WARNING",),
+    )
     result: dict[str, Any] = {
         "count": args.count,
         "suspended": args.suspended,
@@ -357,23 +357,17 @@ def main(argv: list[str] | None = None) -> int:
         "operator_src": str(source),
     }
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{live_port}/healthz", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or operator.poll() is not None:
-                    raise RuntimeError(f"operator did not start; see {log_path}") from None
-                time.sleep(0.3)
+        operator.start(timeout=60)
+        assert operator.process is not None
+        pid, metrics_port = operator.process.pid, operator.metrics_port
         time.sleep(1)
-        idle_rss = rss_kib(operator.pid)[0]
+        idle_rss = rss_kib(pid)[0]
         watcher = JobWatcher(api, namespace)
         watcher.start()
         watcher.ready.wait(10)
         api_text = apiserver_metrics(api)
         api_before = apiserver_requests(api_text)
-        cpu_before = cpu_seconds(operator.pid)
+        cpu_before = cpu_seconds(pid)
         plane_before = control_plane_cpu(kubeconfig.parent)
         op_text = operator_metrics(metrics_port)
         op_before = operator_metric(op_text, "colocgrpo_api_requests_total")
@@ -413,13 +407,13 @@ def main(argv: list[str] | None = None) -> int:
         kinds_after = apiserver_request_counts(api_text)
         op_verbs_after = operator_metric_by_label(op_text, "colocgrpo_api_requests_total", "verb")
         triggers_after = operator_metric_by_label(op_text, RECONCILES, "trigger")
-        rss, peak = rss_kib(operator.pid)
+        rss, peak = rss_kib(pid)
         pods_at_end = pod_phases(api, namespace)
-        operator_cpu = cpu_seconds(operator.pid) - cpu_before
+        operator_cpu = cpu_seconds(pid) - cpu_before
         plane_after = control_plane_cpu(kubeconfig.parent)
         watcher.stop = True
         time.sleep(15)  # a quiet period: what does the operator keep once the burst is over?
-        settled_rss = rss_kib(operator.pid)[0]
+        settled_rss = rss_kib(pid)[0]
         pods_settled = pod_phases(api, namespace)
         result.update(
             jobs_seen=len(latencies),
@@ -453,11 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu_count=os.cpu_count(),
         )
     finally:
-        operator.send_signal(signal.SIGTERM)
-        try:
-            operator.wait(30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        operator.stop()
         if not args.keep:
             try:
                 api.request("DELETE", f"/api/v1/namespaces/{namespace}")

@@ -8,11 +8,7 @@ namespace. Tests assert on the objects the operator produces, never on its log t
 from __future__ import annotations
 
 import copy
-import signal
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,15 +16,16 @@ from typing import Any
 import yaml
 
 from colocgrpo_dev.cluster.commands import OPERATOR_COMMAND
-from colocgrpo_dev.ports import free_port
+from colocgrpo_dev.operator_process import OperatorProcess as DevOperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
 NAMESPACE_PATTERN = "opt-*"
 
 
-class OperatorProcess:
-    """`colocgrpo-operator` in a subprocess; start, SIGKILL, restart, stop."""
+class OperatorProcess(DevOperatorProcess):
+    """The tests' operator: this checkout's, with tests/ on its path (a test may wrap it:
+    support/namespace_window.py) and a 2 s re-check unless a test asks otherwise."""
 
     def __init__(
         self,
@@ -40,103 +37,26 @@ class OperatorProcess:
         runner: tuple[str, ...] = OPERATOR_COMMAND,
         env: dict[str, str] | None = None,
     ):
-        """`runner`: the module run with `python -m` and its leading arguments (a test may wrap
-        the operator, support/namespace_window.py, importable as tests/ is on its path); `env`:
-        extra environment of the process."""
-        self.kubeconfig = kubeconfig
-        self.extra_args = extra_args
-        self.namespaces = namespaces
-        self.log_path = log_path
-        self.recheck_seconds = recheck_seconds
-        self.runner = runner
-        self.env = env or {}
-        self.process: subprocess.Popen | None = None
-        self.liveness_port = 0
-        self.metrics_port = 0
+        super().__init__(
+            kubeconfig,
+            namespaces,
+            log_path,
+            checkout=REPO,
+            recheck_seconds=recheck_seconds,
+            extra_args=extra_args,
+            runner=runner,
+            extra_paths=(REPO / "tests",),
+            env=env,
+        )
 
     def start(self, timeout: float = 60) -> None:
-        from colocgrpo_dev.cluster.commands import start_operator
-
-        self.liveness_port, self.metrics_port = free_port(), free_port()
-        flags = [
-            f"--liveness-port={self.liveness_port}",
-            f"--metrics-port={self.metrics_port}",
-            f"--recheck-seconds={self.recheck_seconds}",
-            "--trainer-image=colocgrpo/trainer:test",
-        ]
-        flags += [f"--namespace={namespace}" for namespace in self.namespaces]
-        flags += list(self.extra_args)
-        self.process = start_operator(
-            REPO,
-            self.kubeconfig,
-            flags,
-            self.log_path,
-            append=True,
-            runner=self.runner,
-            extra_paths=(REPO / "tests",),
-            extra_env=self.env,
-        )
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"operator exited with {self.process.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"operator not live after {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.3)
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def probe(self, path: str = "/readyz") -> tuple[int, str]:
-        """(status, body) of a probe endpoint; (0, reason) when nothing answers."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}{path}", timeout=5) as response:
-                return response.status, response.read().decode().strip()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode().strip()
-        except OSError as error:
-            return 0, str(error)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-            return response.read().decode()
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no finalizer removal, mid-whatever-it-was-doing."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        from colocgrpo_dev.cluster.commands import stop_process
-
-        stop_process(self.process)
+        super().start(timeout)
 
     def gang_restarts(self) -> float:
         """colocgrpo_gang_restarts_total, both labels together, as the metrics endpoint says now."""
         from support.promql import scraped_samples
 
         return sum(v for name, _, v in scraped_samples(self.metrics()) if name == "colocgrpo_gang_restarts_total")
-
-    def log_mark(self) -> int:
-        """Where the log ends now (for `log_since`)."""
-        return len(self.log_path.read_text(errors="replace"))
-
-    def log_since(self, mark: int) -> str:
-        return self.log_path.read_text(errors="replace")[mark:]
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
 
 class Cluster:
