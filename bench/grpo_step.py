@@ -1,5 +1,5 @@
 """`python -m bench.grpo_step`: the former name of `python -m bench.grpo` (bench/grpo/), which the
-raw result files in docs/benchmarks/raw/ name. Same arguments, same behaviour."""
+raw result files in bench/results/ name. Same arguments, same behaviour."""
 
 import runpy
 

@@ -1,6 +1,6 @@
 """The repository reads as a manual, not a log: no text names a machine by letter, cites an issue by number,
 counts device time or plans the next measurement. Checked over every file git tracks or would track, but the
-raw benchmark records (`docs/benchmarks/raw/`, kept as they were written) and this file, which lists the
+raw benchmark records (`bench/results/`, kept as they were written) and this file, which lists the
 patterns."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RAW = "docs/benchmarks/raw/"
+RAW = "bench/results/"
 
 # What a log says and a manual does not, with why each is out of place.
 PATTERNS = {

@@ -30,7 +30,7 @@ def test_operator_counters_sum_with_and_without_labels():
 
 
 def test_the_results_table_has_a_cell_per_column():
-    raw = operator_500.REPO / "docs/benchmarks/raw"
+    raw = operator_500.REPO / "bench/results"
     table = operator_500.results_table([raw / "operator-500-pods-5eaa395-fresh-g.json"]).splitlines()
     assert len(table) == 3 and all(line.count("|") == table[0].count("|") for line in table)
     assert table[2].startswith("| operator-500-pods-5eaa395-fresh-g.json | 15.3 s | 8.22 s | 10.02 s | 19.4 s |")

@@ -53,7 +53,8 @@ def copy_of_pages(tmp_path: Path) -> Path:
     for name in pair_table.PAGES:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, tmp_path / name)
-    (tmp_path / "docs/benchmarks/raw").symlink_to(REPO / "docs/benchmarks/raw")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench/results").symlink_to(REPO / "bench/results")
     return tmp_path
 
 
@@ -72,7 +73,7 @@ def test_a_figure_changed_by_hand_is_found(copy_of_pages: Path):
 
 def test_writing_new_runs_changes_the_current_blocks_only(copy_of_pages: Path):
     deferred_before = {m["name"]: m.group(0) for m in blocks("docs/benchmarks/gpu.md", copy_of_pages)}
-    run = "docs/benchmarks/raw/pair-2e9977d-0.json"
+    run = "bench/results/pair-2e9977d-0.json"
     pair_table.write_pages(run, copy_of_pages)
     assert not pair_table.stale_pages(copy_of_pages)
     for name in pair_table.PAGES:
@@ -86,10 +87,10 @@ def test_writing_new_runs_changes_the_current_blocks_only(copy_of_pages: Path):
 
 def test_the_command_line_stores_its_runs_relative_to_the_repository():
     args = pair_table.parser().parse_args(
-        [str(REPO / "docs/benchmarks/raw/pair-e70b707-0.json"), "--machine", "pair-e70b707-0.json=first machine"]
+        [str(REPO / "bench/results/pair-e70b707-0.json"), "--machine", "pair-e70b707-0.json=first machine"]
     )
     stored = pair_table.stored_args(args)
-    assert stored == "docs/benchmarks/raw/pair-e70b707-0.json '--machine=pair-e70b707-0.json=first machine'"
+    assert stored == "bench/results/pair-e70b707-0.json '--machine=pair-e70b707-0.json=first machine'"
     parsed = pair_table.block_args(stored)
-    assert parsed.runs == [REPO / "docs/benchmarks/raw/pair-e70b707-0.json"]
+    assert parsed.runs == [REPO / "bench/results/pair-e70b707-0.json"]
     assert parsed.machine == ["pair-e70b707-0.json=first machine"]

@@ -211,7 +211,7 @@ def test_no_gradient_checkpointing_costs_more_activations():
 
 @pytest.mark.parametrize(("rows", "measured_gib"), [(16, 119.3), (32, 129.4), (64, None)])
 def test_zero3_training_peak_matches_the_7b_measurement(rows, measured_gib, tmp_path):
-    # bench.zero3_train_step --variants at commit 5a462f3, one H200 (docs/benchmarks/raw/zero3-variants-5a462f3.md):
+    # bench.zero3_train_step --variants at commit 5a462f3, one H200 (bench/results/zero3-variants-5a462f3.md):
     # one optimizer step of 64 rows x 104 tokens as micro-batches of 16 and 32 rows peaked at 119.3 and 129.4 GiB
     # allocated; 64 rows ran out of the 139.8 GiB. The model was still in eval mode there, where transformers skips
     # checkpointing, so these are activations without it; nothing but the trainer was on the GPU.

@@ -134,7 +134,7 @@ def test_no_plan_no_merge():
 
 # ------------------------------------------------------------------ memory: the 7.18B benchmark shape
 def test_7b_as_measured_merges_two_not_four(tmp_path):
-    # The measurement (docs/benchmarks/raw/zero3-variants-5a462f3.md): 2 x 32 rows fit at 129.4 GiB, 1 x 64 ran out
+    # The measurement (bench/results/zero3-variants-5a462f3.md): 2 x 32 rows fit at 129.4 GiB, 1 x 64 ran out
     # of 139.8 GiB. It ran without checkpointing in effect (eval mode): plan that.
     inputs = read_inputs(bench_7b.spec(tmp_path, checkpointing=False))
     merge = plan_micro_batches(bench_7b.trainer_args(checkpointing=False), inputs)
