@@ -35,7 +35,7 @@
 # and, unless COLOCGRPO_TEST_MODEL names one, the tiny model built here; make test runs
 #   CPU=1 SMOKE=1 NPROC=4 TP=2 bash tests/gpu/drivers/run_on_device.sh   (tests/training/test_gpu_dry_run.py)
 #
-# Returns at most these files in $OUT (the device tool brings back ≤ 8 files):
+# Writes only these files into $OUT (a handful, so that a host which returns few files returns them all):
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
 #   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
 #   integrity.log learning.log bench.log   each part's console output (tail-capped)
@@ -43,7 +43,7 @@
 # Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for python -m bench.grpo
 # (e.g. LEARN_ARGS="--steps 60", BENCH_ARGS="--contenders trl-sleep,ours-auto").
 # Work files live in $WORK (default /tmp/gpu-work). Every part has a hard time limit and the
-# whole script a deadline (DEADLINE_S, default 560 s: the device kills a call at 600 s).
+# whole script a deadline (DEADLINE_S, default 560 s, so that it ends inside a 10-minute command limit).
 # Exit status: 0 when every selected part passed.
 set -uo pipefail
 T0=$(date +%s)

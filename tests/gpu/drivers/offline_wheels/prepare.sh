@@ -17,7 +17,7 @@
 #              chunk folders, rebuilt from scratch on every run; MANIFEST.txt records every file and wheel.
 #
 # Env: PYTHON     interpreter whose pip downloads and builds (default python3); pip's own settings apply
-#      CHUNK_MIB  chunk size in MiB (default 60: a transfer carries at most 64 MiB, repository files included)
+#      CHUNK_MIB  chunk size in MiB (default 60): what one transfer to the GPU host may carry
 #      GPU_WHEELS_LOCK  another lock file (default images/trainer/gpu-wheels.lock)
 set -euo pipefail
 
