@@ -29,8 +29,8 @@ def test_demo_learn_trains_smollm2_two_steps_through_the_operator(kube_cluster, 
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = f"{REPO / 'operator'}:{REPO / 'training'}:{REPO / 'dev'}"
     command = [sys.executable, "-m", "colocgrpo_dev", "demo", "--learn", "--max-steps", "2"]
-    command += ["--kubeconfig", str(kube_cluster.kubeconfig), "--trainer-python", sys.executable, "--timeout", "240"]
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    command += ["--kubeconfig", str(kube_cluster.kubeconfig), "--trainer-python", sys.executable, "--timeout", "720"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
 
