@@ -224,8 +224,8 @@ def run(args: argparse.Namespace) -> int:
 
     from colocgrpo_operator.controller import handlers  # noqa: F401  (registers the handlers)
     from colocgrpo_operator.controller.health import Probes, serve_probes
-    from colocgrpo_operator.controller.metrics import start_metrics_server
     from colocgrpo_operator.controller.namespaces import new_insights
+    from colocgrpo_operator.metrics import start_metrics_server
 
     elector = _elector(config, credentials) if config.leader_election else None
     if config.metrics_port > 0:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from colocgrpo_operator.controller.metrics import JOB_SERIES, JobMetrics, sample_of
+from colocgrpo_operator.metrics import JOB_SERIES, JobMetrics, sample_of
 from support.operator_harness import condition, tiny_job, wait_for
 from support.promql import matching, scraped_samples, selectors
 

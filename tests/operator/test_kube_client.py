@@ -276,7 +276,7 @@ def test_in_cluster_uses_the_service_env_and_account_files(tmp_path: Path) -> No
 def test_requests_errors_and_counting_against_the_real_api_server(kube_cluster, namespace) -> None:
     """Client certificates (the dev cluster's kubeconfig); JSON in and out; a non-2xx answer is a
     KubeApiError carrying the status code and the server's message."""
-    from colocgrpo_operator.controller.metrics import API_REQUESTS
+    from colocgrpo_operator.metrics import API_REQUESTS
 
     api = KubeApi.from_kubeconfig(kube_cluster.kubeconfig, field_manager="colocgrpo-tests", pool_size=4)
     before = API_REQUESTS.labels(verb="POST")._value.get()
@@ -455,7 +455,7 @@ def _tiny_priority_level(kube_cluster, namespace: str, account: str) -> str:
 def test_429s_from_priority_and_fairness_are_retried_after_retry_after(kube_cluster, namespace) -> None:
     import concurrent.futures
 
-    from colocgrpo_operator.controller.metrics import API_RETRIES
+    from colocgrpo_operator.metrics import API_RETRIES
 
     token = _account_token(kube_cluster, namespace, "throttled", cluster_role="view")
     name = _tiny_priority_level(kube_cluster, namespace, "throttled")

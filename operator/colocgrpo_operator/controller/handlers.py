@@ -26,7 +26,6 @@ from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_
 from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
 from colocgrpo_operator.controller.event_refusals import install_event_refusal_filter
 from colocgrpo_operator.controller.kueue_watch import KUEUE_WORKLOADS, install_absent_kueue_filter
-from colocgrpo_operator.controller.metrics import JOB_METRICS
 from colocgrpo_operator.controller.record import RecordExtras
 from colocgrpo_operator.controller.runtime import runtime_of
 from colocgrpo_operator.controller.snapshots import (
@@ -41,6 +40,7 @@ from colocgrpo_operator.controller.snapshots import (
     workload_snapshot,
 )
 from colocgrpo_operator.controller.startup import diffbase_of, digested
+from colocgrpo_operator.metrics import JOB_METRICS
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 CHILD_LABELS = {JOB_NAME_LABEL: kopf.PRESENT}

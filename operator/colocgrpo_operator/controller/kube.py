@@ -19,7 +19,7 @@ import urllib3
 
 from colocgrpo_operator.api import GROUP, KIND, PLURAL, VERSION
 from colocgrpo_operator.controller.credentials import Credentials, load_credentials
-from colocgrpo_operator.controller.metrics import API_REQUESTS, API_RETRIES
+from colocgrpo_operator.metrics import API_REQUESTS, API_RETRIES
 
 # kind -> (API path prefix, plural) for every child the renderer produces, and the job itself.
 _KIND_PATHS = {

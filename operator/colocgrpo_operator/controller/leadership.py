@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
-from colocgrpo_operator.controller.metrics import LEADER
+from colocgrpo_operator.metrics import LEADER
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 log = logging.getLogger("colocgrpo.operator.leadership")

@@ -32,7 +32,6 @@ from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.ledger import Current, WriteLedger
-from colocgrpo_operator.controller.metrics import GANG_RESTARTS, PROGRESS_DEADLINES, PhaseBook
 from colocgrpo_operator.controller.objects import owned_by
 from colocgrpo_operator.controller.progress_clock import StepClock
 from colocgrpo_operator.controller.record import Record, RecordExtras
@@ -40,6 +39,7 @@ from colocgrpo_operator.controller.scheduling import PredecessorPending, Reconci
 from colocgrpo_operator.controller.snapshots import Inputs, Key, batch_job_snapshot
 from colocgrpo_operator.controller.specs import ParsedSpec, SpecCache
 from colocgrpo_operator.controller.workers import creation_refusal
+from colocgrpo_operator.metrics import GANG_RESTARTS, PROGRESS_DEADLINES, PhaseBook
 
 # Phases worth a Warning event; the rest are Normal.
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})

@@ -25,10 +25,10 @@ from colocgrpo_operator.controller.credentials import Credentials
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
 from colocgrpo_operator.controller.kube import KubeApi
-from colocgrpo_operator.controller.metrics import JOB_METRICS, start_metrics_server
 from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.controller.reconciler import Reconciler
 from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, has_view, newest_view
+from colocgrpo_operator.metrics import JOB_METRICS, start_metrics_server
 
 # The index audit (controller/index_audit.py) runs once every this many re-check periods.
 AUDIT_EVERY_RECHECKS = 3

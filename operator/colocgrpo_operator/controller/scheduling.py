@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone, terminating_namespace
-from colocgrpo_operator.controller.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 from colocgrpo_operator.controller.record import RecordExtras
 from colocgrpo_operator.controller.snapshots import Inputs, Key
 from colocgrpo_operator.controller.transient import describe, is_transient
+from colocgrpo_operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 
 # How long a reconcile after a child event waits, at most, for the reconciles applying children.
 DEFER_WHILE_APPLYING_SECONDS = 10.0

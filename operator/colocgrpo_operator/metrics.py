@@ -6,6 +6,10 @@ Every metric of the operator's own starts with `colocgrpo_` (the client library'
 job, taken from the job's own watch events, and drops it when the job is deleted, so a scrape
 never shows a job that is gone. The label is `job_name`, not `job`: Prometheus gives every scraped
 series a `job` label of its own (the scrape job) and would rename ours to `exported_job`.
+
+One module for every part of the operator (the client counts its requests, the Lease holder says so,
+the reconciler counts restarts, the handlers keep the per-job samples): it imports nothing of the
+operator but api/, so each of them may import it.
 """
 
 from __future__ import annotations
