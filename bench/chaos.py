@@ -86,16 +86,16 @@ API_BACK_SECONDS = 120.0
 
 class Cluster:
     """The few API calls the trials make, through the operator's own client. Each is retried while
-    the API server is away (a transient failure, controller/transient.py), so a restart fault
+    the API server is away (a transient failure, kube/transient.py), so a restart fault
     delays the trial's disturbances instead of failing it."""
 
     def __init__(self, kubeconfig: Path):
-        from colocgrpo_operator.controller.kube import KubeApi
+        from colocgrpo_operator.kube.client import KubeApi
 
         self.api = KubeApi.from_kubeconfig(kubeconfig, field_manager="colocgrpo-chaos", pool_size=8)
 
     def request(self, method: str, path: str, **options: Any) -> dict[str, Any] | None:
-        from colocgrpo_operator.controller.transient import is_transient
+        from colocgrpo_operator.kube.transient import is_transient
 
         deadline = time.monotonic() + API_BACK_SECONDS
         while True:
@@ -107,7 +107,7 @@ class Cluster:
                 time.sleep(0.5)
 
     def get(self, path: str) -> dict[str, Any] | None:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             return self.request("GET", path)
@@ -126,7 +126,7 @@ class Cluster:
         return self.items(GROUP_PATH, "colocgrpojobs", namespace, None)
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             created = self.request("POST", f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs", body=body)
@@ -138,7 +138,7 @@ class Cluster:
         return created or {}
 
     def delete_job(self, namespace: str, name: str) -> None:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             self.request("DELETE", f"{GROUP_PATH}/namespaces/{namespace}/colocgrpojobs/{name}")
@@ -161,7 +161,7 @@ class Cluster:
 
     def fail_a_pod(self, namespace: str, job: str, rng: random.Random) -> bool:
         """Make one running pod of `job` exit 1 (KWOK's fake-exit stage); False if none runs."""
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         running = [
             p
@@ -188,7 +188,7 @@ class Cluster:
         self.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
 
     def delete_namespace(self, name: str) -> None:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             self.request("DELETE", f"/api/v1/namespaces/{name}")

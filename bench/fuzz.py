@@ -216,7 +216,7 @@ def names_a_field(message: str) -> bool:
 def run_burst(
     cluster: Cluster, operator: OperatorProcess, namespace: str, manifests: list[dict[str, Any]], threads: int
 ) -> dict[str, Any]:
-    from colocgrpo_operator.controller.kube import KubeApiError
+    from colocgrpo_operator.kube.client import KubeApiError
 
     result: dict[str, Any] = {"namespace": namespace, "sent": len(manifests), "accepted": 0, "refused": 0}
     unexpected: list[str] = []

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from colocgrpo_dev.cluster import DevCluster
-    from colocgrpo_operator.controller.kube import KubeApi
+    from colocgrpo_operator.kube.client import KubeApi
 
     cluster = DevCluster(name=args.cluster_name)
     if args.fresh_cluster and not args.kubeconfig:

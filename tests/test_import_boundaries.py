@@ -159,7 +159,7 @@ def test_the_trainer_modules_the_operator_imports_need_only_the_operator_extra()
 
 def test_the_official_kubernetes_client_is_declared_only_where_imported():
     extras = _extras()
-    assert "kubernetes" not in extras["operator"]  # the operator's own client (controller/kube.py)
+    assert "kubernetes" not in extras["operator"]  # the operator's own client (kube/client.py)
     assert "kubernetes" in extras["trainer"] and "kubernetes" in extras["dev"]
     assert "urllib3" in extras["operator"]
 

@@ -174,7 +174,7 @@ class DemoRun:
         from kubernetes import client, config
 
         from colocgrpo_operator.api import GPU_RESOURCE
-        from colocgrpo_operator.controller.kube import KubeApi
+        from colocgrpo_operator.kube.client import KubeApi
 
         api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.api = KubeApi.from_kubeconfig(str(self.kubeconfig), field_manager="colocgrpo-demo")
@@ -253,7 +253,7 @@ class DemoRun:
         return str(model)
 
     def apply_job(self, body: dict[str, Any], example: str) -> None:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             self.api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
@@ -279,7 +279,7 @@ class DemoRun:
         return (self.api.request("GET", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", query=query) or {})["items"]
 
     def _get_job(self) -> dict[str, Any] | None:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             return self.api.request(

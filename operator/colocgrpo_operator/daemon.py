@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from colocgrpo_operator.controller.config import LOG_LEVELS, ConfigError, OperatorConfig
 
 if TYPE_CHECKING:
-    from colocgrpo_operator.controller.credentials import Credentials
-    from colocgrpo_operator.controller.leadership import LeaderElector
+    from colocgrpo_operator.kube.credentials import Credentials
+    from colocgrpo_operator.kube.leadership import LeaderElector
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,7 +183,7 @@ def keep_out_unused_clients() -> None:
     """Mark the official Kubernetes clients as absent before kopf is imported.
 
     kopf imports `kubernetes` whenever it is installed, only to recognise its model classes and to
-    offer it as a fallback login; the operator uses neither (controller/kube.py and the login
+    offer it as a fallback login; the operator uses neither (kube/client.py and the login
     handler in controller/startup.py speak HTTP themselves). The import alone is ~11 MiB of RSS.
     A None entry in sys.modules makes `import kubernetes` raise ImportError, which kopf handles;
     any other code in this process that tried to use the client would fail loudly in the
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     # One Credentials object for the operator's client and kopf's session (an exec plugin runs
     # once per token, not once per client); a kubeconfig that cannot be used is one line here,
     # not a traceback from inside kopf.
-    from colocgrpo_operator.controller.credentials import CredentialsError, load_credentials
+    from colocgrpo_operator.kube.credentials import CredentialsError, load_credentials
 
     try:
         credentials = load_credentials(config.kubeconfig)
@@ -279,8 +279,8 @@ def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
 def _elector(config: OperatorConfig, credentials: Credentials) -> LeaderElector:
     """The Lease candidate of this replica, with a client of its own."""
     from colocgrpo_operator.api.naming import OPERATOR_NAME
-    from colocgrpo_operator.controller.kube import KubeApi
-    from colocgrpo_operator.controller.leadership import LeaderElector, Timing, default_identity
+    from colocgrpo_operator.kube.client import KubeApi
+    from colocgrpo_operator.kube.leadership import LeaderElector, Timing, default_identity
 
     def lost(why: str) -> None:
         # Another replica may take over from now on: stop reconciling at once, mid-whatever.

@@ -12,7 +12,7 @@ import pytest
 import urllib3
 
 from colocgrpo_dev.cluster.cluster import has_component, restart_component
-from colocgrpo_operator.controller.kube import KubeApiError
+from colocgrpo_operator.kube.client import KubeApiError
 from support.operator_harness import OperatorProcess, phase, tiny_job, wait_for
 
 

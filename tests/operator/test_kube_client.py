@@ -1,4 +1,4 @@
-"""The operator's own Kubernetes client (controller/credentials.py, controller/kube.py): credentials
+"""The operator's own Kubernetes client (kube/credentials.py, kube/client.py): credentials
 from a kubeconfig or a pod's ServiceAccount, requests against the real API server, and an operator
 process that never imports the official `kubernetes` package."""
 
@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from colocgrpo_dev.ports import free_port
-from colocgrpo_operator.controller import credentials as creds
-from colocgrpo_operator.controller.credentials import CredentialsError, kubeconfig_credentials, load_credentials
-from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
+from colocgrpo_operator.kube import credentials as creds
+from colocgrpo_operator.kube.client import KubeApi, KubeApiError
+from colocgrpo_operator.kube.credentials import CredentialsError, kubeconfig_credentials, load_credentials
 from support.operator_harness import REPO, tiny_job
 
 # ----------------------------------------------------------------------------- kubeconfig parsing
@@ -497,7 +497,7 @@ def test_429s_from_priority_and_fairness_are_retried_after_retry_after(kube_clus
 
 
 def test_retry_delay_honours_retry_after_and_backs_off() -> None:
-    from colocgrpo_operator.controller.kube import RETRY_MAX_DELAY_SECONDS, retry_delay
+    from colocgrpo_operator.kube.client import RETRY_MAX_DELAY_SECONDS, retry_delay
 
     assert 1 <= retry_delay("1", 0) <= 1.25
     assert 5 <= retry_delay("5", 0) <= 6.25  # the server's wait wins over a shorter backoff

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bench import fuzz
 from colocgrpo_operator.api import JobSpecError, parse_job
-from colocgrpo_operator.controller.kube import KubeApiError
+from colocgrpo_operator.kube.client import KubeApiError
 from support.operator_harness import condition, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bench.fuzz import set_path
 from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success, evict_pod
-from colocgrpo_operator.controller.kube import KubeApiError
+from colocgrpo_operator.kube.client import KubeApiError
 from support.operator_harness import (
     OperatorProcess,
     condition,
@@ -393,7 +393,7 @@ _PATHS = [
 def test_garbage_in_every_field_never_crashes_the_operator(cluster, operator, op_namespace):
     """Fuzzed specs go through the real API server; whatever it stores, the operator must judge
     (SpecValid True or False) without dying, and still run a valid job afterwards."""
-    from colocgrpo_operator.controller.kube import KubeApiError
+    from colocgrpo_operator.kube.client import KubeApiError
 
     ns = op_namespace
     accepted: list[str] = []

@@ -13,7 +13,7 @@ import pytest
 from colocgrpo_dev.cluster.cluster import has_component, paused_component
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
-from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone
+from colocgrpo_operator.kube.client import KubeApiError, ObjectGone
 from colocgrpo_operator.render import render_service
 from support.operator_harness import OperatorProcess, condition, tiny_job, trainer_config_text, wait_event, wait_for
 

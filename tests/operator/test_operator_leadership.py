@@ -1,4 +1,4 @@
-"""Two operator replicas with leader election (controller/leadership.py) against the real API server:
+"""Two operator replicas with leader election (kube/leadership.py) against the real API server:
 one reconciles, the other stands by without writing anything, and takes over within 20 s of the
 active one being SIGKILLed; no job gets a second gang."""
 
@@ -17,7 +17,7 @@ LEASE = "colocgrpo-operator"
 
 
 def _lease_holder(cluster: Cluster, namespace: str) -> str | None:
-    from colocgrpo_operator.controller.kube import KubeApiError
+    from colocgrpo_operator.kube.client import KubeApiError
 
     try:
         lease = cluster.api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")

@@ -19,7 +19,6 @@ from rich.console import Console
 
 from colocgrpo_operator.cli.logs import pick_pod
 from colocgrpo_operator.cli.watch import render_view
-from colocgrpo_operator.controller.kube import KubeApiError
 from colocgrpo_operator.controller.reconciler import Reconciler, _status_patch
 from colocgrpo_operator.controller.scheduling import PredecessorPending
 from colocgrpo_operator.controller.snapshots import (
@@ -33,6 +32,7 @@ from colocgrpo_operator.controller.snapshots import (
     unpack,
 )
 from colocgrpo_operator.controller.specs import ParsedSpec
+from colocgrpo_operator.kube.client import KubeApiError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -702,7 +702,7 @@ def test_transient_api_failures_are_retried_with_backoff_and_one_warning_line(mo
 def test_kopfs_lines_about_transient_failures_become_one_line_warnings():
     import aiohttp
 
-    from colocgrpo_operator.controller.transient import TransientApiLogFilter
+    from colocgrpo_operator.controller.transient_logs import TransientApiLogFilter
 
     def record(message: str, error: BaseException | None = None, name: str = "kopf.objects") -> logging.LogRecord:
         exc_info = (type(error), error, None) if error is not None else None

@@ -21,7 +21,7 @@ import pytest
 
 from colocgrpo_dev.cluster import drive_pod_failure, drive_pod_success
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
-from colocgrpo_operator.controller.kube import KubeApiError
+from colocgrpo_operator.kube.client import KubeApiError
 from support.operator_harness import (
     Cluster,
     OperatorProcess,

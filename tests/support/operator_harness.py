@@ -63,7 +63,7 @@ class Cluster:
     """Raw-dict access to the objects the tests look at (the operator's own client class)."""
 
     def __init__(self, handle: Any, kubeconfig: Path | None = None):
-        from colocgrpo_operator.controller.kube import KubeApi
+        from colocgrpo_operator.kube.client import KubeApi
 
         self.handle = handle
         self.api = KubeApi.from_kubeconfig(str(kubeconfig or handle.kubeconfig), field_manager="colocgrpo-tests")
@@ -74,7 +74,7 @@ class Cluster:
         return self.api.request("POST", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs", body=body)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        from colocgrpo_operator.controller.kube import KubeApiError
+        from colocgrpo_operator.kube.client import KubeApiError
 
         try:
             return self.api.request("GET", f"/apis/colocgrpo.io/v1alpha1/namespaces/{namespace}/colocgrpojobs/{name}")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import argparse
 
-    from colocgrpo_operator.controller.kube import KubeApi
+    from colocgrpo_operator.kube.client import KubeApi
 
 # As kubectl: 1 for a refused or failed request and for an object that does not exist.
 EXIT_CLUSTER_ERROR = 1
@@ -39,7 +39,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
     """A client for the cluster the flags of `add_cluster_flags` name, and the namespace to look in."""
-    from colocgrpo_operator.controller.kube import KubeApi
+    from colocgrpo_operator.kube.client import KubeApi
 
     api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", context=args.context, pool_size=1)
     return api, args.namespace or api.credentials.namespace or "default"
@@ -49,8 +49,8 @@ def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str 
     """The user-facing line for ERROR, or None when it is not a cluster-access problem."""
     from urllib3.exceptions import HTTPError, MaxRetryError
 
-    from colocgrpo_operator.controller.credentials import CredentialsError
-    from colocgrpo_operator.controller.kube import KubeApiError
+    from colocgrpo_operator.kube.client import KubeApiError
+    from colocgrpo_operator.kube.credentials import CredentialsError
 
     source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     if isinstance(error, CredentialsError):

@@ -49,7 +49,7 @@ def pick_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any] | None:
 @reports_cluster_errors
 def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.api import COMPLETION_INDEX_KEY, JOB_NAME_LABEL
-    from colocgrpo_operator.controller.kube import KubeApiError
+    from colocgrpo_operator.kube.client import KubeApiError
 
     api, namespace = connect(args)
     listing = api.request(
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _job_exists(api: Any, namespace: str, name: str) -> bool:
-    from colocgrpo_operator.controller.kube import KIND, KubeApiError, object_path
+    from colocgrpo_operator.kube.client import KIND, KubeApiError, object_path
 
     try:
         api.request("GET", object_path(KIND, namespace, name))

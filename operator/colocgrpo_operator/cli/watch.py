@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from colocgrpo_operator.controller.kube import KIND, KubeApiError, object_path
+    from colocgrpo_operator.kube.client import KIND, KubeApiError, object_path
 
     api, namespace = connect(args)
     console = Console(stderr=False)
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
 def _watch_events(api: Any, namespace: str, name: str, version: str, timeout: int) -> Iterator[dict[str, Any]]:
     """The watch events of one ColocGRPOJob from `version` on, for at most `timeout` seconds
     (the API server ends the stream then)."""
-    from colocgrpo_operator.controller.kube import KIND, object_path
+    from colocgrpo_operator.kube.client import KIND, object_path
 
     query = {"watch": "true", "fieldSelector": f"metadata.name={name}", "timeoutSeconds": str(timeout)}
     if version:

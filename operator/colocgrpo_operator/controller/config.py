@@ -76,7 +76,7 @@ class OperatorConfig:
     log_level: str = "INFO"
     """One of LOG_LEVELS."""
     leader_election: bool = False
-    """Reconcile only while holding a coordination.k8s.io Lease; stand by otherwise (controller/leadership.py)."""
+    """Reconcile only while holding a coordination.k8s.io Lease; stand by otherwise (kube/leadership.py)."""
     leader_election_namespace: str | None = None
     """Namespace of the Lease; None: $POD_NAMESPACE, else the kubeconfig context's, else `default`."""
     leader_election_name: str = "colocgrpo-operator"

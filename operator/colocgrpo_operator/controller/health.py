@@ -18,7 +18,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from colocgrpo_operator.controller.leadership import LeaderElector
+from colocgrpo_operator.kube.leadership import LeaderElector
 
 LOOP_TIMEOUT_SECONDS = 5.0
 

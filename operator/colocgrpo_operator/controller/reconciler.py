@@ -30,7 +30,6 @@ from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import JOB_NAME_LABEL, RECORD_ANNOTATION
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
-from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
 from colocgrpo_operator.controller.ledger import Current, WriteLedger
 from colocgrpo_operator.controller.objects import owned_by
 from colocgrpo_operator.controller.progress_clock import StepClock
@@ -39,6 +38,7 @@ from colocgrpo_operator.controller.scheduling import PredecessorPending, Reconci
 from colocgrpo_operator.controller.snapshots import Inputs, Key, batch_job_snapshot
 from colocgrpo_operator.controller.specs import ParsedSpec, SpecCache
 from colocgrpo_operator.controller.workers import creation_refusal
+from colocgrpo_operator.kube.client import KubeApi, KubeApiError
 from colocgrpo_operator.metrics import GANG_RESTARTS, PROGRESS_DEADLINES, PhaseBook
 
 # Phases worth a Warning event; the rest are Normal.

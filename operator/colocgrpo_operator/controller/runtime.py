@@ -21,13 +21,13 @@ import kopf
 from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import JOB_NAME_LABEL, OPERATOR_NAME
 from colocgrpo_operator.controller.config import OperatorConfig
-from colocgrpo_operator.controller.credentials import Credentials
 from colocgrpo_operator.controller.housekeeping import Housekeeper
 from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
-from colocgrpo_operator.controller.kube import KubeApi
 from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.controller.reconciler import Reconciler
 from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, has_view, newest_view
+from colocgrpo_operator.kube.client import KubeApi
+from colocgrpo_operator.kube.credentials import Credentials
 from colocgrpo_operator.metrics import JOB_METRICS, start_metrics_server
 
 # The index audit (controller/index_audit.py) runs once every this many re-check periods.

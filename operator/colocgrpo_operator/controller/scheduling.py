@@ -6,7 +6,7 @@ asyncio lock, so two triggers never race each other into two decisions; it lets 
 ones collapse while one waits for the lock; it runs the reconciles of child events in tasks of
 their own; and it turns what a reconcile raises into what happens next: nothing (the job went
 away), a retry of its own (a predecessor's children are still there; a transient API failure,
-with backoff and one WARNING line, controller/transient.py), or the exception for the caller.
+with backoff and one WARNING line, kube/transient.py), or the exception for the caller.
 What a reconcile decides and does is controller/reconciler.py's.
 """
 
@@ -21,10 +21,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-from colocgrpo_operator.controller.kube import KubeApiError, ObjectGone, terminating_namespace
 from colocgrpo_operator.controller.record import RecordExtras
 from colocgrpo_operator.controller.snapshots import Inputs, Key
-from colocgrpo_operator.controller.transient import describe, is_transient
+from colocgrpo_operator.kube.client import KubeApiError, ObjectGone, terminating_namespace
+from colocgrpo_operator.kube.transient import describe, is_transient
 from colocgrpo_operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 
 # How long a reconcile after a child event waits, at most, for the reconciles applying children.
@@ -217,7 +217,7 @@ class ReconcileScheduler:
     def _retry_transient(
         self, key: Key, read_inputs: Callable[[], Inputs], request: Request, error: BaseException
     ) -> None:
-        """A transient API failure (controller/transient.py): one WARNING line, and the same
+        """A transient API failure (kube/transient.py): one WARNING line, and the same
         reconcile again after a backoff, instead of an exception for kopf to log and retry."""
         delay = self._backoff(key)
         self.logger.warning(

@@ -14,7 +14,7 @@ import asyncio
 import aiohttp
 import kopf
 
-from colocgrpo_operator.controller.credentials import Credentials
+from colocgrpo_operator.kube.credentials import Credentials
 
 
 def auth_middleware(credentials: Credentials) -> aiohttp.ClientMiddlewareType:

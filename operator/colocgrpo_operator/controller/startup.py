@@ -38,12 +38,12 @@ import kopf
 from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
 from colocgrpo_operator.controller.config import OperatorConfig
-from colocgrpo_operator.controller.credentials import Credentials, CredentialsError, load_credentials
 from colocgrpo_operator.controller.namespaces import Insights
 from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
 from colocgrpo_operator.controller.session import kopf_session
 from colocgrpo_operator.controller.snapshots import Key
-from colocgrpo_operator.controller.transient import install_log_filter
+from colocgrpo_operator.controller.transient_logs import install_log_filter
+from colocgrpo_operator.kube.credentials import Credentials, CredentialsError, load_credentials
 
 WATCH_SERVER_TIMEOUT_SECONDS = 270
 WATCH_CLIENT_TIMEOUT_SECONDS = 300

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from colocgrpo_operator.controller.kube import KubeApi, KubeApiError
+from colocgrpo_operator.kube.client import KubeApi, KubeApiError
 from colocgrpo_operator.metrics import LEADER
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"

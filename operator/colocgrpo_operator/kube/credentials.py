@@ -1,6 +1,6 @@
 """Where the API server is and how to prove who we are: in-cluster or a kubeconfig.
 
-The one credential path of the project: the operator's own client (controller/kube.py),
+The one credential path of the project: the operator's own client (kube/client.py),
 kopf's session (settings.login) and the user CLI (`watch`, `logs`) all start from these
 credentials, so they talk to the same server as the same identity. No dependency on the
 official `kubernetes` package (the operator process never imports it; docs/decisions.md

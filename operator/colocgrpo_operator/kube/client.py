@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from colocgrpo_operator.api import GROUP, KIND, PLURAL, VERSION
-from colocgrpo_operator.controller.credentials import Credentials, load_credentials
+from colocgrpo_operator.kube.credentials import Credentials, load_credentials
 from colocgrpo_operator.metrics import API_REQUESTS, API_RETRIES
 
 # kind -> (API path prefix, plural) for every child the renderer produces, and the job itself.
@@ -116,7 +116,7 @@ class KubeApi:
     """Blocking calls (run them in kopf's executor threads, never on the event loop).
 
     Args:
-        credentials: where the API server is and how to authenticate (controller/credentials.py).
+        credentials: where the API server is and how to authenticate (kube/credentials.py).
         field_manager: server-side apply field manager and create/patch fieldManager.
         pool_size: most connections open at once (at least 4); one per calling thread is best.
         timeout: read timeout of every request, in seconds (connect: at most 10).
