@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from colocgrpo_operator.controller.config import LOG_LEVELS, ConfigError, OperatorConfig
+from colocgrpo_operator.kopf_glue.config import LOG_LEVELS, ConfigError, OperatorConfig
 
 if TYPE_CHECKING:
     from colocgrpo_operator.kube.credentials import Credentials
@@ -184,7 +184,7 @@ def keep_out_unused_clients() -> None:
 
     kopf imports `kubernetes` whenever it is installed, only to recognise its model classes and to
     offer it as a fallback login; the operator uses neither (kube/client.py and the login
-    handler in controller/startup.py speak HTTP themselves). The import alone is ~11 MiB of RSS.
+    handler in kopf_glue/startup.py speak HTTP themselves). The import alone is ~11 MiB of RSS.
     A None entry in sys.modules makes `import kubernetes` raise ImportError, which kopf handles;
     any other code in this process that tried to use the client would fail loudly in the
     operator tests instead of quietly costing memory. No-op for a package already imported.
@@ -222,9 +222,9 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from colocgrpo_operator.controller import handlers  # noqa: F401  (registers the handlers)
-    from colocgrpo_operator.controller.health import Probes, serve_probes
-    from colocgrpo_operator.controller.namespaces import new_insights
+    from colocgrpo_operator.kopf_glue import handlers  # noqa: F401  (registers the handlers)
+    from colocgrpo_operator.kopf_glue.health import Probes, serve_probes
+    from colocgrpo_operator.kopf_glue.namespaces import new_insights
     from colocgrpo_operator.metrics import start_metrics_server
 
     elector = _elector(config, credentials) if config.leader_election else None
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     loop = asyncio.new_event_loop()
     probes.loop = loop
     # kopf's view of which namespaces to serve, shared with the namespace rescan that adds the
-    # ones kopf's own observer can miss (controller/namespaces.py).
+    # ones kopf's own observer can miss (kopf_glue/namespaces.py).
     insights = new_insights()
     try:
         kopf.run(
@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=list(config.namespaces),
             ready_flag=probes.started,
             insights=insights,
-            # Read by the startup and login handlers (controller/startup.py).
+            # Read by the startup and login handlers (kopf_glue/startup.py).
             memo=kopf.Memo(config=config, credentials=credentials, insights=insights),
         )
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from colocgrpo_operator.controller.config import OperatorConfig
+from colocgrpo_operator.kopf_glue.config import OperatorConfig
 
 
 def kopf_connection_limit(**settings: Any) -> int:

@@ -315,7 +315,7 @@ def test_in_cluster_credentials_against_the_real_api_server(kube_cluster, namesp
 
     import kopf
 
-    from colocgrpo_operator.controller.startup import login
+    from colocgrpo_operator.kopf_glue.startup import login
 
     server = urlparse(kubeconfig_credentials(str(kube_cluster.kubeconfig)).server)
     account = tmp_path / "serviceaccount"
@@ -380,7 +380,7 @@ def _exec_kubeconfig(kube_cluster, folder: Path, tokens: list[str], namespace: s
 
 def test_exec_plugin_against_the_real_api_server(kube_cluster, namespace, tmp_path) -> None:
     """The plugin's first token is refused (401): both clients run it again and go on with the next."""
-    from colocgrpo_operator.controller.session import kopf_session
+    from colocgrpo_operator.kopf_glue.session import kopf_session
 
     good = _account_token(kube_cluster, namespace, "plugin-user")
     kubeconfig = _exec_kubeconfig(kube_cluster, tmp_path, ["not-a-token", good], namespace)

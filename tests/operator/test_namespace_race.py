@@ -1,7 +1,7 @@
 """No job missed: a namespace that appears inside kopf's namespace-observer window is served.
 
 kopf lists the namespaces, then its watch lists them again and drops that listing's events, so
-a namespace created in between is never served by kopf alone (controller/namespaces.py,
+a namespace created in between is never served by kopf alone (kopf_glue/namespaces.py,
 docs/decisions.md). The operator here runs under support/namespace_window.py, which holds that
 window open until the test has created its namespace and job: the race happens every run.
 """

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from colocgrpo_operator.controller.config import FLAGS, ConfigError, OperatorConfig
 from colocgrpo_operator.daemon import build_parser, config_from_args, main
+from colocgrpo_operator.kopf_glue.config import FLAGS, ConfigError, OperatorConfig
 
 
 def test_every_field_is_a_flag_and_every_flag_a_field() -> None:

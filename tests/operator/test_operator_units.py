@@ -354,7 +354,7 @@ def test_namespace_rescan_adds_what_kopf_missed_with_kopfs_own_rules():
     import asyncio
     import logging
 
-    from colocgrpo_operator.controller.namespaces import NamespaceRescan, new_insights
+    from colocgrpo_operator.kopf_glue.namespaces import NamespaceRescan, new_insights
 
     def namespace(name: str, terminating: bool = False, conditions: bool = True) -> dict:
         body: dict = {"metadata": {"name": name}, "status": {"phase": "Active"}}
@@ -573,7 +573,7 @@ def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_dr
 def test_diffbase_essence_is_kopfs_without_copying_metadata_and_status():
     import kopf
 
-    from colocgrpo_operator.controller.startup import BoundedDiffBaseStorage
+    from colocgrpo_operator.kopf_glue.startup import BoundedDiffBaseStorage
 
     body = tiny()
     body["metadata"].update(
@@ -601,7 +601,7 @@ def test_diffbase_essence_is_kopfs_without_copying_metadata_and_status():
 def test_diffbase_a_handler_wrote_is_left_out_of_kopfs_next_patch():
     import kopf
 
-    from colocgrpo_operator.controller.startup import BoundedDiffBaseStorage, ProgressStorage
+    from colocgrpo_operator.kopf_glue.startup import BoundedDiffBaseStorage, ProgressStorage
 
     body = tiny()
     body["metadata"]["uid"] = "u1"
@@ -654,7 +654,7 @@ def test_diffbase_a_handler_wrote_is_left_out_of_kopfs_next_patch():
 def test_indexers_drop_the_events_managed_fields_and_nothing_else():
     import kopf
 
-    from colocgrpo_operator.controller.handlers import jobs_by_name
+    from colocgrpo_operator.kopf_glue.handlers import jobs_by_name
 
     raw = tiny()
     raw["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
@@ -702,7 +702,7 @@ def test_transient_api_failures_are_retried_with_backoff_and_one_warning_line(mo
 def test_kopfs_lines_about_transient_failures_become_one_line_warnings():
     import aiohttp
 
-    from colocgrpo_operator.controller.transient_logs import TransientApiLogFilter
+    from colocgrpo_operator.kopf_glue.transient_logs import TransientApiLogFilter
 
     def record(message: str, error: BaseException | None = None, name: str = "kopf.objects") -> logging.LogRecord:
         exc_info = (type(error), error, None) if error is not None else None
@@ -723,7 +723,7 @@ def test_kopfs_lines_about_transient_failures_become_one_line_warnings():
 def test_kopf_warning_about_absent_kueue_is_one_info_line(caplog) -> None:
     from kopf._cogs.structs.references import Selector
 
-    from colocgrpo_operator.controller.kueue_watch import KUEUE_WORKLOADS, AbsentKueueFilter, names_only_kueue
+    from colocgrpo_operator.kopf_glue.kueue_watch import KUEUE_WORKLOADS, AbsentKueueFilter, names_only_kueue
 
     # kopf's own text (kopf._core.reactor.observation._disable_mismatched_selectors), its selectors' own repr.
     prefix = "Unresolved resources cannot be served (try creating their CRDs): "
@@ -757,7 +757,7 @@ def test_kopf_warning_about_absent_kueue_is_one_info_line(caplog) -> None:
 
 
 def test_kopf_lines_about_events_a_terminating_namespace_refuses_are_debug() -> None:
-    from colocgrpo_operator.controller.event_refusals import TerminatingNamespaceEventFilter
+    from colocgrpo_operator.kopf_glue.event_refusals import TerminatingNamespaceEventFilter
 
     poster = logging.getLogger("kopf._core.engines.posting")
     url = "POST https://127.0.0.1:6443/api/v1/namespaces/team-a/events"
@@ -801,7 +801,7 @@ def test_the_newest_of_two_views_under_one_key_is_the_live_one():
 def test_the_index_audit_drops_only_entries_a_newer_listing_lacks():
     from kopf._core.engines.indexing import Index as KopfIndex
 
-    from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
+    from colocgrpo_operator.kopf_glue.index_audit import AuditedIndex, IndexAudit
 
     def pod(name: str, uid: str, version: str, namespace: str = "ns") -> dict:
         return {"metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": version}}

@@ -1,7 +1,7 @@
 """`colocgrpo-operator` with kopf's namespace-observer window held open, for the race test.
 
 kopf's namespace observer lists the namespaces, then starts a watch that lists them again and
-drops that second listing's events (controller/namespaces.py). This runner wraps kopf's
+drops that second listing's events (kopf_glue/namespaces.py). This runner wraps kopf's
 `queueing.watcher` so that, for the namespaces resource only, it first creates the file
 $COLOCGRPO_NAMESPACE_WINDOW.open and then waits until $COLOCGRPO_NAMESPACE_WINDOW.close exists:
 a test creates its namespace in between, exactly inside the window, every time.

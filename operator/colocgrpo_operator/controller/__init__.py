@@ -1,6 +1,5 @@
-"""The kopf operator: reconciles ColocGRPOJobs into gangs and reports what really happens.
+"""The job logic: what a ColocGRPOJob's status is, and what to write to make the world match it.
 
-Importing `colocgrpo_operator.controller.handlers` registers every kopf handler (the startup,
-login and cleanup ones of `startup.py` included); `colocgrpo-operator` runs them with an
-`OperatorConfig` (`config.py`). `status` is the pure core.
+`status.py` is the pure core; `reconciler.py` decides with it and acts through the Kubernetes
+client (kube/). kopf's handlers (kopf_glue/) call in here.
 """

@@ -1,7 +1,7 @@
 """What Kueue says about a job's batch Job: whether Kueue admits it, and why it waits.
 
 Pure, like the rest of status derivation: views of the Job and of Kueue's Workloads in (the
-operator watches Workloads read-only, controller/handlers.py), decisions out. docs/install.md
+operator watches Workloads read-only, kopf_glue/handlers.py), decisions out. docs/install.md
 ("Using Kueue") describes the behaviour these serve; tests/operator/test_kueue.py runs it
 against Kueue's real manager.
 """

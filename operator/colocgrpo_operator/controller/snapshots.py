@@ -167,7 +167,7 @@ def resource_version(view: Mapping[str, Any]) -> int:
     The API calls resourceVersions opaque; kube-apiserver's are etcd revisions, which only grow,
     and the operator compares them in two places only, both about one resource of one API
     server: which of two views is newer (`newest_view`) and whether a listing is newer than a
-    view (controller/index_audit.py). docs/decisions.md says why."""
+    view (kopf_glue/index_audit.py). docs/decisions.md says why."""
     value = (view.get("metadata") or {}).get("resourceVersion")
     return int(value) if isinstance(value, str) and value.isdigit() else -1
 

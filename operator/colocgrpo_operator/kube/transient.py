@@ -3,7 +3,7 @@
 The API server restarting, a load balancer dropping a connection, API Priority and Fairness
 shedding load: a request fails, and the same request a moment later succeeds. The operator retries
 its own reconciles with backoff (`ReconcileScheduler`), and kopf retries its own requests and
-watches (whose lines about them are rewritten by controller/transient_logs.py). Either way such a
+watches (whose lines about them are rewritten by kopf_glue/transient_logs.py). Either way such a
 failure is one WARNING line, never an ERROR and never a traceback: ERROR is kept for what a human
 must act on.
 """

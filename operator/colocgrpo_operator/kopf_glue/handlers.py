@@ -1,7 +1,7 @@
 """Thin kopf handlers: gather a job's inputs from the indices, let the Reconciler decide.
 
 Importing this module registers every handler of the operator, the startup, login and cleanup
-ones (controller/startup.py) included; `colocgrpo-operator` runs them.
+ones (kopf_glue/startup.py) included; `colocgrpo-operator` runs them.
 
 Children are watched, not polled: kopf keeps three in-memory indices fed by one watch
 stream per kind (server-side filtered by the `colocgrpo.io/job-name` label):
@@ -11,7 +11,7 @@ loop (controller/housekeeping.py) covers stall detection and anything a dropped 
 Where Kueue is installed, a fourth index holds the Workloads of batch Jobs (Kueue's objects carry
 no label of ours), so a queued job's status can say why Kueue has not admitted it; without
 Kueue's CRD, kopf serves that resource once the CRD appears, and its absence is one INFO line
-(controller/kueue_watch.py).
+(kopf_glue/kueue_watch.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ from typing import Any
 import kopf
 
 from colocgrpo_operator.api import GROUP, JOB_NAME_LABEL, PLURAL, VERSION, spec_change_problems
-from colocgrpo_operator.controller import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
-from colocgrpo_operator.controller.event_refusals import install_event_refusal_filter
-from colocgrpo_operator.controller.kueue_watch import KUEUE_WORKLOADS, install_absent_kueue_filter
 from colocgrpo_operator.controller.record import RecordExtras
-from colocgrpo_operator.controller.runtime import runtime_of
 from colocgrpo_operator.controller.snapshots import (
     Key,
     batch_job_snapshot,
@@ -39,7 +35,11 @@ from colocgrpo_operator.controller.snapshots import (
     workload_owner_job,
     workload_snapshot,
 )
-from colocgrpo_operator.controller.startup import diffbase_of, digested
+from colocgrpo_operator.kopf_glue import startup  # noqa: F401  (registers the startup, login and cleanup handlers)
+from colocgrpo_operator.kopf_glue.event_refusals import install_event_refusal_filter
+from colocgrpo_operator.kopf_glue.kueue_watch import KUEUE_WORKLOADS, install_absent_kueue_filter
+from colocgrpo_operator.kopf_glue.runtime import runtime_of
+from colocgrpo_operator.kopf_glue.startup import diffbase_of, digested
 from colocgrpo_operator.metrics import JOB_METRICS
 
 RESOURCE = (GROUP, VERSION, PLURAL)

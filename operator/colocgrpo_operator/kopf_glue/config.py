@@ -64,7 +64,7 @@ class OperatorConfig:
     metrics_port: int = 9090
     """Port of the Prometheus /metrics endpoint; 0 switches it off."""
     liveness_port: int = 8080
-    """Port of the probes (liveness /healthz, readiness /readyz; controller/health.py); 0 switches them off."""
+    """Port of the probes (liveness /healthz, readiness /readyz; kopf_glue/health.py); 0 switches them off."""
     recheck_seconds: float = 10.0
     """Period of the housekeeping loop's re-check of active jobs (stall detection granularity)."""
     api_threads: int = 16

@@ -1,6 +1,6 @@
 """Kueue's Workloads are watched where Kueue is installed, and its absence is no warning.
 
-The operator registers its Workload handlers (controller/handlers.py) whether or not Kueue's
+The operator registers its Workload handlers (kopf_glue/handlers.py) whether or not Kueue's
 CRDs exist: kopf rescans API discovery on every CRD event and starts serving a registered resource
 once its CRD appears, so installing Kueue after the operator needs no restart. Until then kopf
 logs "Unresolved resources cannot be served (try creating their CRDs)" at WARNING, at start and

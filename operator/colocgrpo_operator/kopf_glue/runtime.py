@@ -1,6 +1,6 @@
 """`OperatorRuntime`: what the operator holds for its whole life, in one object.
 
-The startup handler (controller/startup.py) builds it once and keeps it in kopf's memo as
+The startup handler (kopf_glue/startup.py) builds it once and keeps it in kopf's memo as
 `memo.runtime`; every handler reaches the shared client, reconciler and housekeeper through it
 (`runtime_of(memo)`), and the cleanup handler closes it. kopf hands each object a shallow copy
 of the memo, so the runtime is one object for the whole operator, not one per job.
@@ -20,22 +20,22 @@ import kopf
 
 from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import JOB_NAME_LABEL, OPERATOR_NAME
-from colocgrpo_operator.controller.config import OperatorConfig
 from colocgrpo_operator.controller.housekeeping import Housekeeper
-from colocgrpo_operator.controller.index_audit import AuditedIndex, IndexAudit
-from colocgrpo_operator.controller.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.controller.reconciler import Reconciler
 from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, has_view, newest_view
+from colocgrpo_operator.kopf_glue.config import OperatorConfig
+from colocgrpo_operator.kopf_glue.index_audit import AuditedIndex, IndexAudit
+from colocgrpo_operator.kopf_glue.namespaces import Insights, NamespaceRescan
 from colocgrpo_operator.kube.client import KubeApi
 from colocgrpo_operator.kube.credentials import Credentials
 from colocgrpo_operator.metrics import JOB_METRICS, start_metrics_server
 
-# The index audit (controller/index_audit.py) runs once every this many re-check periods.
+# The index audit (kopf_glue/index_audit.py) runs once every this many re-check periods.
 AUDIT_EVERY_RECHECKS = 3
 
 
 class JobIndices(NamedTuple):
-    """kopf's four in-memory indices (declared in controller/handlers.py). Live: kopf updates
+    """kopf's four in-memory indices (declared in kopf_glue/handlers.py). Live: kopf updates
     them as watch events arrive, so reading one key twice may give two answers."""
 
     jobs: kopf.Index[Key, str]  # ColocGRPOJobs by (namespace, name)
@@ -72,10 +72,10 @@ class OperatorRuntime:
         reconciler: the one `Reconciler` every trigger goes through.
         housekeeper: the operator-wide re-check and TTL loop, not yet running (`start_housekeeping`).
         index_audit: drops index entries of objects deleted while a watch was down
-            (controller/index_audit.py); it starts with the housekeeping loop.
+            (kopf_glue/index_audit.py); it starts with the housekeeping loop.
         metrics_server: the Prometheus endpoint, None when `config.metrics_port` is 0.
         namespace_rescan: the namespaces kopf's observer missed, served (`start_namespace_rescan`;
-            controller/namespaces.py); None when the operator is cluster-wide or kopf runs without
+            kopf_glue/namespaces.py); None when the operator is cluster-wide or kopf runs without
             insights it was handed.
     """
 
@@ -157,7 +157,7 @@ class OperatorRuntime:
         self.reconciler.reconcile_soon(key, self.indices.reader(key), trigger="audit")
 
     def start_namespace_rescan(self, insights: Insights | None, logger: logging.Logger) -> None:
-        """Start the namespace rescan (controller/namespaces.py) over the Insights object kopf
+        """Start the namespace rescan (kopf_glue/namespaces.py) over the Insights object kopf
         runs with; nothing for a cluster-wide operator or without `insights`. Every re-check
         period one namespace listing, served from the apiserver's watch cache."""
         if self.config.clusterwide or insights is None or self._rescanning is not None:

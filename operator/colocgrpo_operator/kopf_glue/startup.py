@@ -37,12 +37,12 @@ import kopf
 
 from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import EVENT_NAME_PREFIX, JOB_NAME_LABEL, OPERATOR_ANNOTATION_PREFIX, OPERATOR_NAME
-from colocgrpo_operator.controller.config import OperatorConfig
-from colocgrpo_operator.controller.namespaces import Insights
-from colocgrpo_operator.controller.runtime import JobIndices, OperatorRuntime
-from colocgrpo_operator.controller.session import kopf_session
 from colocgrpo_operator.controller.snapshots import Key
-from colocgrpo_operator.controller.transient_logs import install_log_filter
+from colocgrpo_operator.kopf_glue.config import OperatorConfig
+from colocgrpo_operator.kopf_glue.namespaces import Insights
+from colocgrpo_operator.kopf_glue.runtime import JobIndices, OperatorRuntime
+from colocgrpo_operator.kopf_glue.session import kopf_session
+from colocgrpo_operator.kopf_glue.transient_logs import install_log_filter
 from colocgrpo_operator.kube.credentials import Credentials, CredentialsError, load_credentials
 
 WATCH_SERVER_TIMEOUT_SECONDS = 270
@@ -193,7 +193,7 @@ def config_of(memo: kopf.Memo) -> OperatorConfig:
 
 def insights_of(memo: kopf.Memo) -> Insights | None:
     """The Insights object `colocgrpo-operator` handed to kopf.run and put in the memo (None when
-    the handlers run some other way: then no namespace rescan, controller/namespaces.py)."""
+    the handlers run some other way: then no namespace rescan, kopf_glue/namespaces.py)."""
     insights = memo.get("insights")
     return insights if isinstance(insights, Insights) else None
 
@@ -256,7 +256,7 @@ def _index(kwargs: Mapping[str, Any], name: str) -> kopf.Index[Key, str]:
     """The index kopf passed a handler under `name` (an indexing handler's function name)."""
     index = kwargs.get(name)
     if not isinstance(index, kopf.Index):
-        raise kopf.PermanentError(f"kopf passed no index {name!r} (controller/handlers.py declares it)")
+        raise kopf.PermanentError(f"kopf passed no index {name!r} (kopf_glue/handlers.py declares it)")
     return index
 
 
@@ -276,7 +276,7 @@ def _credentials(memo: kopf.Memo, config: OperatorConfig) -> Credentials:
 
 @kopf.on.login()
 async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.AiohttpSession:
-    """kopf's session from the same credentials as the operator's own client (controller/session.py:
+    """kopf's session from the same credentials as the operator's own client (kopf_glue/session.py:
     the current token on every request, so rotated ServiceAccount tokens and expiring exec-plugin
     tokens are picked up without a re-login).
 
