@@ -32,9 +32,12 @@ from colocgrpo_operator.controller.snapshots import (
     unpack,
 )
 from colocgrpo_operator.controller.specs import ParsedSpec
+from colocgrpo_operator.kopf_glue.owner import adopt, post_event
 from colocgrpo_operator.kube.client import KubeApiError
 
 REPO = Path(__file__).resolve().parents[2]
+# What the operator's runtime hands every Reconciler: Events and owner references through kopf.
+KOPF_OWNER = {"post_event": post_event, "adopt": adopt}
 
 
 def tiny() -> dict:
@@ -119,7 +122,7 @@ def test_parsed_spec_keeps_no_typed_job_and_renders_the_same_children_again():
     # The reconciler keeps no job's typed model (memory at 500 jobs) and parses it again when
     # children must be rendered; the result must not differ.
     body = tiny()
-    reconciler = Reconciler(kube=None, default_image="img:1", executor=None, logger=None)
+    reconciler = Reconciler(kube=None, default_image="img:1", executor=None, logger=None, **KOPF_OWNER)
     parsed = ParsedSpec(body)
     assert parsed.valid and parsed.facts is not None
     assert not any(isinstance(v, BaseModel) for v in vars(parsed).values())
@@ -129,7 +132,9 @@ def test_parsed_spec_keeps_no_typed_job_and_renders_the_same_children_again():
 
 def test_rendered_children_are_adopted_and_namespaced():
     body = tiny()
-    children = Reconciler(kube=None, default_image="img:1", executor=None, logger=None)._render(ParsedSpec(body), body)
+    children = Reconciler(kube=None, default_image="img:1", executor=None, logger=None, **KOPF_OWNER)._render(
+        ParsedSpec(body), body
+    )
     kinds = [c["kind"] for c in children]
     assert kinds.count("Job") == 1
     for child in children:
@@ -158,7 +163,7 @@ def test_creation_refusal_lookup_reads_the_jobs_events_and_survives_missing_rbac
 
     async def lookups(kube, times=1):
         with concurrent.futures.ThreadPoolExecutor(1) as executor:
-            reconciler = Reconciler(kube, None, executor, logging.getLogger("test-refusal"))
+            reconciler = Reconciler(kube, None, executor, logging.getLogger("test-refusal"), **KOPF_OWNER)
             return [await reconciler._creation_refusal(("ns", "demo"), "job-1") for _ in range(times)]
 
     kube = _EventsKube([event])
@@ -201,7 +206,9 @@ def _apply_children(kube: _ChildCreator, nodes: int = 1) -> None:
     body["spec"]["resources"]["nodes"] = nodes
     body["spec"]["checkpoint"] = {"resume": "never"}  # several pods on their own emptyDirs
     with concurrent.futures.ThreadPoolExecutor(8) as executor:
-        reconciler = Reconciler(kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"))
+        reconciler = Reconciler(
+            kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"), **KOPF_OWNER
+        )
         asyncio.run(reconciler._apply_children(reconciler._render(ParsedSpec(body), body), new_job=True))
 
 
@@ -446,7 +453,7 @@ def test_record_extras_go_with_a_new_jobs_first_record_only():
 
     async def run() -> None:
         with concurrent.futures.ThreadPoolExecutor(4) as executor:
-            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-extras"))
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-extras"), **KOPF_OWNER)
             await reconciler.reconcile(
                 key,
                 lambda: (created, None, [], []),
@@ -509,7 +516,7 @@ def test_child_reconciles_wait_for_the_jobs_being_created(monkeypatch, cap):
 
     async def run() -> None:
         with concurrent.futures.ThreadPoolExecutor(4) as executor:
-            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-defer"))
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-defer"), **KOPF_OWNER)
             creating = asyncio.create_task(
                 reconciler.reconcile(
                     ("ns", "tiny-cpu"), lambda: (created, None, [], []), trigger="create", ensure_children=True
@@ -545,7 +552,7 @@ def test_a_new_jobs_record_precedes_its_job_and_its_own_writes_never_pass_for_dr
 
     async def run() -> None:
         with concurrent.futures.ThreadPoolExecutor(4) as executor:
-            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-writes"))
+            reconciler = Reconciler(kube, "img:1", executor, logging.getLogger("test-writes"), **KOPF_OWNER)
             await reconciler.reconcile(
                 key, lambda: (created, None, [], []), trigger="create", ensure_children=True, fresh_cr=created
             )
@@ -899,7 +906,9 @@ def test_a_new_job_sweeps_only_kinds_it_does_not_render_and_only_a_predecessors(
     body["spec"]["checkpoint"] = {"resume": "never"}
     kube = _SweptKube()
     with concurrent.futures.ThreadPoolExecutor(4) as executor:
-        reconciler = Reconciler(kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"))
+        reconciler = Reconciler(
+            kube=kube, default_image="img:1", executor=executor, logger=logging.getLogger("t"), **KOPF_OWNER
+        )
         rendered = {c["kind"] for c in reconciler._render(ParsedSpec(body), body)}
         asyncio.run(reconciler._sweep_predecessors(("ns", "demo"), body, rendered))
     # A multi-node job renders a Service of its own name: a predecessor's is met on the apply.

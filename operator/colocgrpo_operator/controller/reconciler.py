@@ -24,8 +24,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
-
 from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import JOB_NAME_LABEL, RECORD_ANNOTATION
 from colocgrpo_operator.controller import status as derive
@@ -50,6 +48,12 @@ _WARNING_CONDITIONS = (("Running", derive.POD_CREATION_FAILED), ("Progressing", 
 _CHILD_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding")
 # The API server's answer when an apply would give a child a second controller owner.
 _SECOND_CONTROLLER = "Only one reference can have Controller set to true"
+
+# Posts an Event about a job: (the job as the reconcile read it, type, reason, message).
+PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
+# Makes rendered children the job's own, in place: (the children, the job); each gets the job as
+# its controller owner, the job's namespace and the job's labels where it has none of its own.
+Adopt = Callable[[list[dict[str, Any]], Mapping[str, Any]], None]
 
 
 class FirstRecord:
@@ -137,6 +141,8 @@ class Reconciler:
         default_image: trainer image for jobs whose spec names none (None: the renderer's default).
         executor: where blocking API calls run (kopf's executor, `--api-threads` threads).
         logger: phase transitions, gang restarts and background failures.
+        post_event: posts an Event about a job (the operator's: kopf's poster, kopf_glue/owner.py).
+        adopt: makes rendered children the job's own (the operator's: kopf's, kopf_glue/owner.py).
 
     Attributes:
         schedule: when reconciles run (scheduling.py); the housekeeping loop's wake-ups too.
@@ -147,12 +153,21 @@ class Reconciler:
     """
 
     def __init__(
-        self, kube: KubeApi, default_image: str | None, executor: concurrent.futures.Executor, logger: logging.Logger
+        self,
+        kube: KubeApi,
+        default_image: str | None,
+        executor: concurrent.futures.Executor,
+        logger: logging.Logger,
+        *,
+        post_event: PostEvent,
+        adopt: Adopt,
     ):
         self.kube = kube
         self.default_image = default_image
         self.executor = executor
         self.logger = logger
+        self.post_event = post_event
+        self.adopt = adopt
         self.phases = PhaseBook()
         self.schedule = ReconcileScheduler(self._reconcile_locked, logger)
         self.ledger = WriteLedger()
@@ -423,8 +438,7 @@ class Reconciler:
         if new_phase in derive.TERMINAL_PHASES:
             self.schedule.wake_up()
         if old_phase != new_phase:
-            self._post_event(
-                key,
+            self.post_event(
                 cr,
                 "Warning" if new_phase in _WARNING_PHASES else "Normal",
                 str(new_phase),
@@ -437,16 +451,10 @@ class Reconciler:
             if condition.get("reason") != reason or _reason(previous, type_) == reason:
                 continue
             message = str(condition.get("message") or "")
-            self._post_event(key, cr, "Warning", reason, message)
+            self.post_event(cr, "Warning", reason, message)
             self.logger.info("%s/%s: %s: %s", key[0], key[1], reason, message)
             if reason == derive.PROGRESS_DEADLINE_EXCEEDED:
                 PROGRESS_DEADLINES.inc()
-
-    def _post_event(self, key: Key, cr: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        try:
-            kopf.event(_event_target(cr), type=type_, reason=reason, message=message[:1024])
-        except LookupError:  # outside kopf's handler context (no posting queue): status is enough
-            self.logger.debug("no event posted for %s/%s: outside a handler context", *key)
 
     # -- children (blocking parts run in executor threads) -------------------------------------------
 
@@ -454,10 +462,10 @@ class Reconciler:
         from colocgrpo_operator.render import render_children
 
         children = render_children(parsed.job_model(cr), default_image=self.default_image)
-        owner = _event_target(cr)
+        namespace = str((cr.get("metadata") or {}).get("namespace") or "")
         for child in children:
-            child.setdefault("metadata", {}).setdefault("namespace", owner.metadata.namespace)
-            kopf.adopt(child, owner=owner)
+            child.setdefault("metadata", {}).setdefault("namespace", namespace)
+        self.adopt(children, cr)
         return children
 
     async def _apply_children(
@@ -585,20 +593,3 @@ def _status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str,
         if key != "progress" and key not in desired:
             patch[key] = None
     return patch
-
-
-def _event_target(cr: dict[str, Any]) -> kopf.Body:
-    """The job as kopf's Events and owner references need it: its identity, nothing else."""
-    meta = cr.get("metadata") or {}
-    return kopf.Body(
-        kopf.RawBody(
-            apiVersion=cr.get("apiVersion") or "colocgrpo.io/v1alpha1",
-            kind=cr.get("kind") or "ColocGRPOJob",
-            metadata={
-                "name": str(meta.get("name") or ""),
-                "namespace": str(meta.get("namespace") or ""),
-                "uid": str(meta.get("uid") or ""),
-                "labels": dict(meta.get("labels") or {}),
-            },
-        )
-    )

@@ -26,6 +26,7 @@ from colocgrpo_operator.controller.snapshots import Inputs, Key, all_views, has_
 from colocgrpo_operator.kopf_glue.config import OperatorConfig
 from colocgrpo_operator.kopf_glue.index_audit import AuditedIndex, IndexAudit
 from colocgrpo_operator.kopf_glue.namespaces import Insights, NamespaceRescan
+from colocgrpo_operator.kopf_glue.owner import adopt, post_event
 from colocgrpo_operator.kube.client import KubeApi
 from colocgrpo_operator.kube.credentials import Credentials
 from colocgrpo_operator.metrics import JOB_METRICS, start_metrics_server
@@ -123,7 +124,14 @@ class OperatorRuntime:
         the housekeeper over `indices`. Blocking API work runs in `executor` (kopf's, sized by
         `config.api_threads`). Raises OSError when the metrics port cannot be bound."""
         kube = KubeApi(credentials, field_manager=OPERATOR_NAME, pool_size=config.api_threads)
-        reconciler = Reconciler(kube=kube, default_image=config.trainer_image, executor=executor, logger=logger)
+        reconciler = Reconciler(
+            kube=kube,
+            default_image=config.trainer_image,
+            executor=executor,
+            logger=logger,
+            post_event=post_event,
+            adopt=adopt,
+        )
         housekeeper = Housekeeper(
             reconciler=reconciler,
             jobs=indices.jobs,
