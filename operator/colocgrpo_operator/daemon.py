@@ -220,11 +220,8 @@ def run(args: argparse.Namespace) -> int:
     keep_out_unused_clients()
     configure_logging(config.log_level)
 
-    import kopf
-
-    from colocgrpo_operator.kopf_glue import handlers  # noqa: F401  (registers the handlers)
     from colocgrpo_operator.kopf_glue.health import Probes, serve_probes
-    from colocgrpo_operator.kopf_glue.namespaces import new_insights
+    from colocgrpo_operator.kopf_glue.run import run_kopf  # imports kopf, registers the handlers
     from colocgrpo_operator.metrics import start_metrics_server
 
     elector = _elector(config, credentials) if config.leader_election else None
@@ -237,20 +234,8 @@ def run(args: argparse.Namespace) -> int:
         elector.wait_until_leading()  # standing by: no watches, no writes, only reading the Lease
     loop = asyncio.new_event_loop()
     probes.loop = loop
-    # kopf's view of which namespaces to serve, shared with the namespace rescan that adds the
-    # ones kopf's own observer can miss (kopf_glue/namespaces.py).
-    insights = new_insights()
     try:
-        kopf.run(
-            loop=loop,
-            standalone=True,  # no kopf peering: leader election (above) decides who reconciles
-            clusterwide=config.clusterwide,
-            namespaces=list(config.namespaces),
-            ready_flag=probes.started,
-            insights=insights,
-            # Read by the startup and login handlers (kopf_glue/startup.py).
-            memo=kopf.Memo(config=config, credentials=credentials, insights=insights),
-        )
+        run_kopf(config, credentials, loop, ready_flag=probes.started)
     finally:
         _close_loop(loop)
         if elector is not None:

@@ -1,8 +1,8 @@
 """The operator's start and stop: every kopf setting, the `OperatorRuntime`, kopf's login.
 
 The startup handler reads the `OperatorConfig` that `colocgrpo-operator` put in kopf's memo
-(`kopf.run(memo=kopf.Memo(config=...))`; the defaults when there is none), applies the kopf
-settings below and builds the runtime into `memo.runtime`; the cleanup handler closes it.
+(run.py; the defaults when there is none), applies the kopf settings below and builds the
+runtime into `memo.runtime`; the cleanup handler closes it.
 
 Why each kopf setting:
 - watch timeouts: a watch stream that silently stops delivering events is kopf's best-known
