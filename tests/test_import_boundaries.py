@@ -1,5 +1,6 @@
-"""The operator side never imports torch, vllm, trl, transformers or deepspeed, and every third-party import
-of each package is declared in the extra that installs the code importing it (pyproject.toml).
+"""The operator side never imports torch, vllm, trl, transformers or deepspeed, every third-party import
+of each package is declared in the extra that installs the code importing it (pyproject.toml), and each
+room of the operator imports only the rooms below it: kopf only in the kopf glue (docs/architecture.md).
 
 The imports run in a fresh interpreter so nothing imported by other tests can hide a violation.
 """
@@ -179,3 +180,99 @@ def test_the_product_distribution_ships_no_developer_tools(tmp_path):
     (wheel,) = tmp_path.glob("colocgrpo-*.whl")
     top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if not name.startswith("colocgrpo-")}
     assert top == {"colocgrpo_operator", "colocgrpo_training"}
+
+
+# --- the operator's rooms: each imports only the rooms below it -------------------------------------
+
+OPERATOR = REPO / "operator" / "colocgrpo_operator"
+# Each room of the operator checked here -> the other rooms of the operator (and the trainer package) it
+# may import. Its own room and the package root (the version) always; a room not listed is not checked.
+ROOMS: dict[str, set[str]] = {
+    "metrics": {"api"},
+    "kube": {"api", "metrics"},
+    "controller": {"api", "render", "kube", "metrics", "colocgrpo_training"},
+    "kopf_glue": {"api", "kube", "controller", "metrics"},
+    "daemon": {"api", "kube", "kopf_glue", "metrics"},
+    "cli": {"api", "render", "kube", "manifest_files", "recipe", "colocgrpo_training"},
+}
+# kopf, and aiohttp (kopf's HTTP client): only the kopf glue may import them.
+KOPF_ONLY = {"kopf", "aiohttp"}
+
+
+def _room_of(module: str) -> str:
+    """The room of a module of the operator, or of the trainer package ("colocgrpo_operator" for the root)."""
+    parts = module.split(".")
+    if parts[0] != "colocgrpo_operator":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module the file imports, functions' and TYPE_CHECKING imports included; a `from X import y`
+    counts as X.y when y is a module of the operator (`from colocgrpo_operator.kopf_glue import handlers`)."""
+    package = ".".join(path.relative_to(REPO / "operator").with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's own package up
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            names.add(base)
+            for alias in node.names:
+                if (OPERATOR.parent / f"{base}.{alias.name}".replace(".", "/")).with_suffix(".py").exists():
+                    names.add(f"{base}.{alias.name}")
+    return names
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    """A file's folder says what it may import: the Kubernetes client (kube/) nothing of the job logic
+    or of kopf, the job logic (controller/) no kopf, the kopf glue (kopf_glue/) all of them."""
+    crossings = {}
+    for path in sorted(OPERATOR.rglob("*.py")):
+        relative = path.relative_to(OPERATOR)
+        room = relative.parts[0] if len(relative.parts) > 1 else relative.stem
+        if room not in ROOMS:
+            continue
+        allowed = ROOMS[room] | {room, "colocgrpo_operator"}
+        crossing = sorted(
+            name
+            for name in _imported_modules(path)
+            if (name.startswith(("colocgrpo_operator", "colocgrpo_training")) and _room_of(name) not in allowed)
+            or (name.split(".")[0] in KOPF_ONLY and room != "kopf_glue")
+        )
+        if crossing:
+            crossings[str(relative)] = crossing
+    assert crossings == {}, f"imports across the operator's rooms (docs/architecture.md): {crossings}"
+
+
+def test_the_rooms_table_names_every_folder_of_the_operator():
+    # A new folder gets its rules here and in docs/architecture.md, or the test above never looks at it.
+    folders = {p.name for p in OPERATOR.iterdir() if (p / "__init__.py").exists()}
+    assert {"kube", "controller", "kopf_glue", "cli"} <= folders
+    assert folders - set(ROOMS) <= {"api", "render"}, folders - set(ROOMS)
+
+
+LIGHT_PROBE = """
+import importlib, json, pkgutil, sys
+import colocgrpo_operator.controller, colocgrpo_operator.kube
+names = ["colocgrpo_operator.daemon", "colocgrpo_operator.metrics", "colocgrpo_operator.kopf_glue.config"]
+for package in (colocgrpo_operator.controller, colocgrpo_operator.kube):
+    names += [info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({"modules": names, "kopf": sorted({m.split(".")[0] for m in sys.modules} & {"kopf", "aiohttp"})}))
+"""
+
+
+def test_the_job_logic_the_client_and_the_daemons_settings_load_no_kopf():
+    """Imported whole, in a fresh interpreter, they leave kopf and aiohttp unimported: the daemon reads its
+    flags and credentials before it keeps the official clients out of kopf's way and lets kopf in."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
+    result = subprocess.run([sys.executable, "-c", LIGHT_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"colocgrpo_operator.controller.reconciler", "colocgrpo_operator.kube.client"} <= set(report["modules"])
+    assert report["kopf"] == []
