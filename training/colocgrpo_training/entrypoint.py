@@ -82,10 +82,16 @@ def run(config_path: str) -> int:
         return failure.exit_code
 
 
+# How long the way out may take before the process ends anyway: a thread that never finishes (a busy worker of a
+# user's pool, an `atexit` handler that blocks) must not keep a finished trainer's pod running.
+EXIT_DEADLINE_SECONDS = 20.0
+
+
 def exit_process(code: int) -> NoReturn:
-    """End the process with `code` as Python's own exit does — other non-daemon threads joined, the `atexit`
+    """End the process with `code` as Python's own exit does — `threading`'s exit hooks run (idle
+    `concurrent.futures` pools and `asyncio.to_thread` workers stop), other non-daemon threads joined, the `atexit`
     handlers run (logging's flush, report integrations' uploads), the standard streams flushed — but without the
-    interpreter's finalization.
+    interpreter's finalization, and within `EXIT_DEADLINE_SECONDS`.
 
     Why: a process-group worker thread of torch (gloo's; NCCL's watchdog alike) releases a collective's work after
     the caller has seen it complete, and releasing its tensors takes the GIL. When that comes after finalization has
@@ -102,10 +108,36 @@ def exit_process(code: int) -> NoReturn:
         code (`int`): the exit status (see the module's docstring).
     """
     record_exit_code(code)
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    backstop = threading.Timer(EXIT_DEADLINE_SECONDS, _exit_now, args=(code, True))
+    backstop.daemon = True
+    backstop.start()
+    _stop_threads()
     atexit._run_exitfuncs()
+    _exit_now(code)
+
+
+def _stop_threads() -> None:
+    """What Python's exit does before its `atexit` handlers (CPython's `threading._shutdown`): the hooks that
+    `threading._register_atexit` collected run first — `concurrent.futures` stops its idle pool workers there, which
+    `join()` alone would wait on forever — then every other non-daemon thread is joined."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
+        return
+    for thread in threading.enumerate():  # not the main thread (a rank's verdict may end it from another)
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+
+
+def _exit_now(code: int, late: bool = False) -> NoReturn:
+    """Flush Python's and C's buffered output, then `os._exit(code)`. `late`: the deadline passed first."""
+    if late:
+        running = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive())
+        print(
+            f"colocgrpo: the process did not end within {EXIT_DEADLINE_SECONDS:.0f} s of its exit "
+            f"(threads still running: {running}); exiting with code {code} anyway",
+            file=sys.stderr,
+        )
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
