@@ -435,6 +435,16 @@ def test_termination_message_reasons(message, reason):
     assert result.status["lastFailure"]["reason"] == reason
 
 
+def test_a_reward_functions_exception_is_its_own_counted_retried_reason():
+    named = "rank 2 failed during generation and rewards: reward function judge:score (rewards[0]) raised ValueError"
+    message = json.dumps({"reason": "RewardFunctionError", "message": named})
+    result = assess(FACTS, batch_job(), [failed(0, message=message)], None, NOW)
+    assert result.status["lastFailure"]["reason"] == "RewardFunctionError"
+    assert named in result.status["lastFailure"]["message"]
+    assert result.phase == "Restarting"
+    assert result.status["restarts"] == 1
+
+
 def test_oom_killed():
     result = assess(FACTS, batch_job(), [failed(0, exit_code=137, reason="OOMKilled")], None, NOW)
     assert result.status["lastFailure"]["reason"] == "OOMKilled"

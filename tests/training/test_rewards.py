@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from colocgrpo_training.config import RewardSettings
+from colocgrpo_training.failures import REWARD_FUNCTION_ERROR, RewardFunctionError, classify
 from colocgrpo_training.rewards import RewardError, resolve_reward, resolve_rewards
 from colocgrpo_training.rewards.builtin import accuracy_reward, format_reward, last_number_reward, tag_count_reward
 
@@ -57,7 +58,7 @@ def test_user_reward_resolved_from_reward_modules_dir(tmp_path):
         [RewardSettings(function="format", weight=0.5), RewardSettings(function="my_rewards:length_reward", weight=2)],
         reward_modules_dir=str(tmp_path),
     )
-    assert functions[0] is format_reward
+    assert functions[0].__wrapped__ is format_reward  # guarded: what it raises names it
     assert functions[1].__name__ == "length_reward"
     assert functions[1]([chat("abc")]) == [3.0]
     assert weights == [0.5, 2.0]
@@ -93,3 +94,82 @@ def test_last_number_skips_a_gold_answer_that_is_not_a_number():
 def test_resolve_reward_returns_builtin_by_name():
     assert resolve_reward("tag_count") is tag_count_reward
     assert resolve_reward("last_number") is last_number_reward
+
+
+USER_REWARDS = """
+import asyncio
+
+
+def raises(completions, **kwargs):
+    raise ValueError("the judge said no")
+
+
+async def raises_later(completions, **kwargs):
+    await asyncio.sleep(0)
+    raise KeyError("score")
+
+
+def too_few(completions, **kwargs):
+    return [1.0]
+
+
+def generated(completions, **kwargs):
+    return (float(i) for i, _ in enumerate(completions))
+
+
+class Judge:
+    def __call__(self, completions, **kwargs):
+        raise RuntimeError("judge down")
+
+
+judge = Judge()
+"""
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards_mod.py").write_text(USER_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def resolve(name: str):
+        functions, _ = resolve_rewards(
+            [RewardSettings(function="format"), RewardSettings(function=f"user_rewards_mod:{name}")]
+        )
+        return functions[1]
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("raises", "reward function user_rewards_mod:raises (rewards[1]) raised ValueError: the judge said no"),
+        ("too_few", "reward function user_rewards_mod:too_few (rewards[1]) returned 1 rewards for 2 completions"),
+        ("judge", "reward function user_rewards_mod:Judge (rewards[1]) raised RuntimeError: judge down"),
+    ],
+)
+def test_a_failing_reward_function_is_named_with_its_module_and_entry(user_rewards, name, message):
+    function = user_rewards(name)
+    with pytest.raises(RewardFunctionError) as err:
+        function(prompts=["p", "q"], completions=[chat("a"), chat("b")])
+    assert str(err.value) == message
+    failure = classify(err.value)
+    assert (failure.reason, failure.message, failure.exit_code) == (REWARD_FUNCTION_ERROR, message, 1)
+
+
+def test_an_async_reward_stays_async_and_is_named(user_rewards):
+    import asyncio
+    import inspect
+
+    function = user_rewards("raises_later")
+    assert inspect.iscoroutinefunction(function)  # TRL gathers async rewards on its event loop
+    assert function.__name__ == "raises_later"  # TRL's metric name
+    with pytest.raises(RewardFunctionError, match=r"user_rewards_mod:raises_later \(rewards\[1\]\) raised KeyError"):
+        asyncio.run(function(prompts=["p"], completions=[chat("a")]))
+
+
+def test_a_guarded_reward_keeps_its_values_and_name(user_rewards):
+    function = user_rewards("generated")
+    assert function.__name__ == "generated"
+    assert list(function(prompts=["p", "q"], completions=[chat("a"), chat("b")])) == [0.0, 1.0]
+    assert user_rewards("judge").__name__ == "judge"  # a callable object: the attribute's name

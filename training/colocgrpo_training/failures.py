@@ -26,11 +26,22 @@ NCCL_TIMEOUT = "NCCLTimeout"
 VLLM_ERROR = "VLLMError"
 INVALID_CONFIG = "InvalidConfig"
 DATA_ERROR = "DataError"
+# The user's code: a reward function raised (the message names it as module:function).
+REWARD_FUNCTION_ERROR = "RewardFunctionError"
 TRAINER_ERROR = "TrainerError"
 # Not a failure: SIGTERM arrived, a checkpoint was saved and the process stopped early.
 TERMINATED = "Terminated"
 
-REASONS = (CUDA_OUT_OF_MEMORY, NCCL_TIMEOUT, VLLM_ERROR, INVALID_CONFIG, DATA_ERROR, TRAINER_ERROR, TERMINATED)
+REASONS = (
+    CUDA_OUT_OF_MEMORY,
+    NCCL_TIMEOUT,
+    VLLM_ERROR,
+    INVALID_CONFIG,
+    DATA_ERROR,
+    REWARD_FUNCTION_ERROR,
+    TRAINER_ERROR,
+    TERMINATED,
+)
 
 # Exit codes. 143 (128 + SIGTERM) is what the kubelet would report had the signal killed us,
 # so a pod that saved and stopped on SIGTERM looks to the Job controller like any other
@@ -58,6 +69,11 @@ _NCCL_TEXT = (
 
 class InvalidConfigError(Exception):
     """The trainer config is unusable; the message names the field."""
+
+
+class RewardFunctionError(Exception):
+    """A reward function raised, or returned other than one reward per completion; the message names the function
+    as `module:function` and its config entry (`rewards[i]`)."""
 
 
 class TrainerTerminated(Exception):
@@ -104,6 +120,8 @@ def classify(exc: BaseException) -> Failure:
             return Failure(INVALID_CONFIG, str(item), EXIT_INVALID_CONFIG)
         if isinstance(item, DataError):
             return Failure(DATA_ERROR, str(item))
+        if isinstance(item, RewardFunctionError):  # before its cause: the user's code, whatever it raised
+            return Failure(REWARD_FUNCTION_ERROR, str(item))
         names = _type_names(item)
         if "OutOfMemoryError" in names and any(n.startswith("torch") for n in names):
             return Failure(CUDA_OUT_OF_MEMORY, f"{type(item).__name__}: {item}")
@@ -158,6 +176,7 @@ _PRECEDENCE = {
     CUDA_OUT_OF_MEMORY: 3,
     VLLM_ERROR: 3,
     DATA_ERROR: 3,
+    REWARD_FUNCTION_ERROR: 3,
     INVALID_CONFIG: 3,
 }
 # Messages older than this process are from an earlier run (host runs reuse the path).

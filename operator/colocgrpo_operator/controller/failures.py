@@ -23,9 +23,10 @@ from colocgrpo_operator.controller.objects import (
 # Failure reasons a restart cannot fix: the same spec would fail the same way again.
 NON_RETRYABLE_REASONS = frozenset({"DeadlineExceeded", "InvalidConfig", "DataError", "InvalidSpec"})
 
-# What the trainer may report in its termination message (docs/trainer.md, failure reporting).
+# What the trainer may report in its termination message (docs/trainer.md, failure reporting). A reward function's
+# exception (RewardFunctionError, the user's code) is retried: a judge or API it calls may fail for a while.
 TRAINER_REASONS = frozenset(
-    {"CUDAOutOfMemory", "NCCLTimeout", "VLLMError", "InvalidConfig", "DataError", "TrainerError"}
+    {"CUDAOutOfMemory", "NCCLTimeout", "VLLMError", "InvalidConfig", "DataError", "RewardFunctionError", "TrainerError"}
 )
 
 # 128 + SIGTERM: the code a trainer pod exits with after a SIGTERM it did not ask for, once every rank has saved
