@@ -8,6 +8,7 @@ import pytest
 
 from colocgrpo_training.config import DatasetSettings
 from colocgrpo_training.data import DataError, apply_chat_template, load_prompt_dataset, truncate_prompts
+from colocgrpo_training.failures import EXIT_INVALID_CONFIG, InvalidConfigError, classify
 
 pytestmark = pytest.mark.trainer
 
@@ -96,9 +97,18 @@ def test_unknown_split_of_a_directory_names_the_split(tmp_path):
         load_prompt_dataset(DatasetSettings(name_or_path=str(tmp_path), split="validation", prompt_column="question"))
 
 
-def test_missing_local_path_and_unsupported_type(tmp_path):
-    with pytest.raises(DataError, match="not found|could not be loaded"):
-        load_prompt_dataset(DatasetSettings(name_or_path=str(tmp_path / "nope" / "x.jsonl")))
+@pytest.mark.parametrize("name", ["{tmp}/nope/x.jsonl", "{tmp}/no-folder", "./no-such.parquet", "~/no/such/folder"])
+def test_a_missing_local_path_is_an_invalid_config_naming_it(tmp_path, name):
+    name = name.format(tmp=tmp_path)
+    with pytest.raises(InvalidConfigError) as err:
+        load_prompt_dataset(DatasetSettings(name_or_path=name))
+    assert str(err.value) == (
+        f"dataset.name {name!r} does not exist on this node (a local path; every pod must mount it)"
+    )
+    assert classify(err.value).exit_code == EXIT_INVALID_CONFIG  # not retried
+
+
+def test_an_unsupported_file_type(tmp_path):
     odd = tmp_path / "data.txt"
     odd.write_text("hello\n")
     with pytest.raises(DataError, match="unsupported type '.txt'"):

@@ -132,3 +132,45 @@ def test_wrong_config_version_through_the_console_script(tmp_path):
     assert result.returncode == 2, result.stderr
     assert message["reason"] == "InvalidConfig"
     assert "version 99" in message["message"]
+
+
+def test_a_name_the_hub_does_not_know_is_an_invalid_config():
+    import httpx
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    url = "https://huggingface.co/api/models/no-such/model"
+    response = httpx.Response(404, request=httpx.Request("GET", url))
+    try:
+        try:
+            raise RepositoryNotFoundError(f"404 Client Error: Repository Not Found for url: {url}", response=response)
+        except RepositoryNotFoundError as cause:
+            raise OSError("no-such/model is not a local folder and is not a valid model identifier") from cause
+    except OSError as err:
+        failure = classify(err)
+    assert (failure.reason, failure.exit_code) == ("InvalidConfig", EXIT_INVALID_CONFIG)
+    assert failure.message.startswith("OSError: no-such/model is not a local folder")
+
+
+MISSING_PATHS = (
+    "version: 1\njob: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}, dtype: float32}}\n"
+    "dataset: {{name_or_path: {dataset}}}\nrewards: [{{function: format}}]\n"
+    "vllm: {{enabled: false}}\ncheckpoint: {{dir: {checkpoints}}}\n"
+    "progress: {{patch_status: false}}\ngrpo: {{per_device_train_batch_size: 2, num_generations: 2}}\n"
+)
+
+
+@pytest.mark.parametrize("missing", ["model", "dataset"])
+def test_a_missing_model_or_dataset_path_is_an_invalid_config_not_retried(tmp_path, tiny_model_dir, missing):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "1 + 1?"}\n' * 4)
+    paths = {"model": str(tiny_model_dir), "dataset": str(data), "checkpoints": str(tmp_path / "c")}
+    paths[missing] = str(tmp_path / f"no-such-{missing}")
+    result, message = _run_entrypoint(
+        MISSING_PATHS.format(**paths), tmp_path, sys.executable, "-m", "colocgrpo_training"
+    )
+    assert result.returncode == EXIT_INVALID_CONFIG, result.stderr[-3000:]
+    assert message == {
+        "reason": "InvalidConfig",
+        "message": f"{missing}.name {paths[missing]!r} does not exist on this node (a local path; every pod must "
+        "mount it)",
+    }

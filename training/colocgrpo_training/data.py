@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from colocgrpo_training.config import DatasetSettings
+from colocgrpo_training.failures import InvalidConfigError
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -28,6 +29,24 @@ SOLUTION_KWARG = "solution"
 
 class DataError(Exception):
     """The dataset cannot produce prompts; the message names the dataset, split and column."""
+
+
+def local_path(name_or_path: str) -> Path | None:
+    """The local path a model or dataset name means (absolute, `./`, `../`, `~`, or a data file's name), or None for
+    a Hub id. A Hub id never looks like one of these, so a missing local path is the config's error, not the Hub's."""
+    if name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).suffix.lower() in _BUILDERS:
+        return Path(name_or_path).expanduser()
+    return None
+
+
+def require_local_path(name_or_path: str, field: str) -> None:
+    """`InvalidConfigError` naming `field` when `name_or_path` is a local path that does not exist here: the same
+    config fails the same way on a retry (every pod must mount it)."""
+    path = local_path(name_or_path)
+    if path is not None and not path.exists():
+        raise InvalidConfigError(
+            f"{field} {name_or_path!r} does not exist on this node (a local path; every pod must mount it)"
+        )
 
 
 def load_prompt_dataset(settings: DatasetSettings, *, require_solution: bool = False) -> Dataset:
@@ -84,6 +103,7 @@ def load_split(settings: DatasetSettings) -> Dataset:
     import datasets
 
     source = settings.name_or_path
+    require_local_path(source, "dataset.name")
     local = Path(source).expanduser()
     try:
         if local.is_file():

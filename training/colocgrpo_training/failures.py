@@ -67,6 +67,11 @@ _NCCL_TEXT = (
 )
 
 
+# The Hub's answers that a name or revision does not exist (huggingface_hub's, datasets'); GatedRepoError, a
+# subclass of the first, is a missing grant of access: a retry without a change of config fails alike.
+_NOT_FOUND = frozenset({"RepositoryNotFoundError", "RevisionNotFoundError", "DatasetNotFoundError"})
+
+
 class InvalidConfigError(Exception):
     """The trainer config is unusable; the message names the field."""
 
@@ -123,6 +128,8 @@ def classify(exc: BaseException) -> Failure:
         if isinstance(item, RewardFunctionError):  # before its cause: the user's code, whatever it raised
             return Failure(REWARD_FUNCTION_ERROR, str(item))
         names = _type_names(item)
+        if names & _NOT_FOUND:  # the Hub says the model, dataset or revision is not there: the same on a retry
+            return Failure(INVALID_CONFIG, text, EXIT_INVALID_CONFIG)
         if "OutOfMemoryError" in names and any(n.startswith("torch") for n in names):
             return Failure(CUDA_OUT_OF_MEMORY, f"{type(item).__name__}: {item}")
         if names & {"DistNetworkError", "DistStoreError", "DistBackendError"}:

@@ -18,7 +18,7 @@ from colocgrpo_training.checkpoints import (
     any_rank_requested,
 )
 from colocgrpo_training.config import TrainerConfig
-from colocgrpo_training.data import apply_chat_template, load_prompt_dataset, truncate_prompts
+from colocgrpo_training.data import apply_chat_template, load_prompt_dataset, require_local_path, truncate_prompts
 from colocgrpo_training.failures import (
     EXIT_TERMINATED,
     TERMINATED,
@@ -39,7 +39,11 @@ FINAL_MODEL_DIRNAME = "final"
 
 
 def load_tokenizer(config: TrainerConfig) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, left padded, with the configured chat template; a local model path that does not exist
+    is an `InvalidConfigError` (not retried)."""
     from transformers import AutoTokenizer
+
+    require_local_path(config.model.name_or_path, "model.name")
 
     # Left padding/truncation: generation appends to the right of the prompt.
     tokenizer = AutoTokenizer.from_pretrained(
