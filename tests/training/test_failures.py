@@ -174,3 +174,38 @@ def test_a_missing_model_or_dataset_path_is_an_invalid_config_not_retried(tmp_pa
         "message": f"{missing}.name {paths[missing]!r} does not exist on this node (a local path; every pod must "
         "mount it)",
     }
+
+
+TP_ON_THREE = (
+    "version: 1\njob: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}}}\n"
+    "dataset: {{name_or_path: {model}/train.jsonl}}\nrewards: [{{function: format}}]\n"
+    "vllm: {{tensor_parallel_size: 2}}\ncheckpoint: {{dir: {model}/c}}\n"
+)
+
+
+def test_a_tp_size_that_does_not_divide_the_gpus_is_refused_before_any_model_loads(tmp_path):
+    import os
+
+    # The model path does not exist: the TP layout is refused before anything looks for the model.
+    config = tmp_path / "grpo.yaml"
+    config.write_text(TP_ON_THREE.format(model=tmp_path / "no-model"))
+    env = {
+        "COLOCGRPO_TERMINATION_LOG": str(tmp_path / "termination-log"),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "WORLD_SIZE": "6",
+        "LOCAL_WORLD_SIZE": "3",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "colocgrpo_training", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_INVALID_CONFIG, result.stderr
+    assert json.loads((tmp_path / "termination-log").read_text()) == {
+        "reason": "InvalidConfig",
+        "message": "trainer config: vllm.tensorParallelSize 2 must divide resources.gpusPerNode 3 (a tensor-parallel "
+        "group must stay inside one node) (6 processes, 3 per node)",
+    }

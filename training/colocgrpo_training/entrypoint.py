@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Mapping
 from typing import NoReturn
 
 from pydantic import ValidationError
@@ -37,6 +38,22 @@ def load_config(path: str) -> TrainerConfig:
         raise InvalidConfigError(f"trainer config {path}: {problems}") from err
     except ValueError as err:  # bad YAML or an unsupported version
         raise InvalidConfigError(f"trainer config {path}: {err}") from err
+
+
+def check_tp_layout(config: TrainerConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """InvalidConfigError when `vllm.tensor_parallel_size` cannot group this job's processes (it must divide the
+    processes per node, `$LOCAL_WORLD_SIZE`): checked before any model loads, where vLLM would refuse it only after
+    the trainer's model had loaded. The operator refuses such specs; a hand-written config reaches this."""
+    if not config.vllm.enabled:
+        return
+    from colocgrpo_training.generation.tp_groups import TPLayoutError, form_tp_groups  # pure, no torch
+
+    world = int(environ.get("WORLD_SIZE") or 1)
+    per_node = int(environ.get("LOCAL_WORLD_SIZE") or world)
+    try:
+        form_tp_groups(world, config.vllm.tensor_parallel_size, per_node)
+    except TPLayoutError as err:
+        raise InvalidConfigError(f"trainer config: {err} ({world} processes, {per_node} per node)") from err
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +83,7 @@ def run(config_path: str) -> int:
         logging.getLogger(__name__).info("TORCH_CUDA_ARCH_LIST set to %s for DeepSpeed's op builds", arch_list)
     try:
         config = load_config(config_path)
+        check_tp_layout(config)
         from colocgrpo_training.grpo_run import run_grpo  # heavy: torch, transformers, trl
 
         code = run_grpo(config, termination)
