@@ -44,3 +44,40 @@ def resume_agreement(rank: int, world: int, port: int, roots: dict[str, str], ou
             results[case] = {"error": str(err)}
     dist.destroy_process_group()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def verdict_rank(behaviour: str) -> None:
+    """One process of a gloo world for test_verdict.py, ending as the trainer's entrypoint does (any exception
+    reported through `verdict.rank_failed`, the verdict watch running; RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    in the environment). Every rank joins, then:
+    `wait`: waits in a barrier the failing ranks never join, as a healthy rank waits in its next collective;
+    `fail`: raises in a stage, then stays alive after reporting (a peer whose exit never reaches the others'
+    collective, as under NCCL); `fail-later`: the same 2 s later with another error, then exits."""
+    import datetime
+    import time
+    import traceback
+
+    import torch.distributed as dist
+
+    from colocgrpo_training.entrypoint import _end_with, exit_process
+    from colocgrpo_training.verdict import Watch, rank_failed, stage
+
+    Watch(end=_end_with).start()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    dist.barrier()
+    code = 0
+    try:
+        if behaviour == "wait":
+            dist.barrier()
+        else:
+            if behaviour == "fail-later":
+                time.sleep(2)
+            with stage("in a test stage"):
+                raise ValueError(f"{behaviour} on rank {dist.get_rank()}")
+    except Exception as err:
+        traceback.print_exc()
+        code = rank_failed(err)
+    if behaviour == "fail":
+        time.sleep(300)
+    exit_process(code)

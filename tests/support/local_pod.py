@@ -214,6 +214,23 @@ class Launch:
         return progress_steps(self.stdout)
 
 
+def launch_probed(job_obj: dict[str, Any], work: Path, env: dict[str, str], probe: dict[str, str], **limits) -> Launch:
+    """Render `job_obj` under `work` (its reward modules in `work/rewards`) and launch its pod command (`launch_pod`
+    with `limits`: world, limit_s), every rank's probe (`support.rank_probe`) recording into `work/probe` with the
+    settings `probe`, the termination message in `work/termination-log`."""
+    from support import rank_probe
+
+    command = render_pod(job_obj, work / "config", reward_modules_dir=work / "rewards")
+    env = {
+        **env,
+        rank_probe.DIR_ENV: str(work / "probe"),
+        "COLOCGRPO_TERMINATION_LOG": str(work / "termination-log"),
+        "PYTHONUNBUFFERED": "1",
+        **probe,
+    }
+    return launch_pod(command, work, env, probe_dir=work / "probe", **limits)
+
+
 def launch_pod(
     command: list[str],
     work: Path,

@@ -27,6 +27,13 @@ Faults and variants it injects, each for the ranks listed:
   COLOCGRPO_PROBE_RANK_ENV="3:NAME=VALUE"   NAME=VALUE in the environment of those ranks alone, set when the
                                             interpreter starts (the stand-in's `sitecustomize`); `;` separates
                                             several such entries
+  COLOCGRPO_PROBE_CWD="3:/some/folder"      the working directory of those ranks, set when the interpreter starts
+                                            (a path under /proc/self/cwd then names another file there)
+  COLOCGRPO_PROBE_PINNED_ALLOC_FAILS="1"    the rank's first trainer-state offload fails as a pinned host
+                                            allocation that CUDA refuses does
+  COLOCGRPO_PROBE_KILL_IN_SAVE="1:checkpoint-2"  SIGKILL to the rank in the middle of saving checkpoint-2: after
+                                            its model files, before its optimizer states and trainer_state.json
+Each injected fault first records a `fault` event with its wall-clock time.
 """
 
 from __future__ import annotations
@@ -48,6 +55,11 @@ OLD_LOGPS_ENV = "COLOCGRPO_PROBE_OLD_LOGPS"
 STOP_AFTER_ENV = "COLOCGRPO_PROBE_STOP_AFTER"
 NO_GRAD_TOKENS_ENV = "COLOCGRPO_PROBE_NO_GRAD_TOKENS"
 RANK_ENV_ENV = "COLOCGRPO_PROBE_RANK_ENV"
+CWD_ENV = "COLOCGRPO_PROBE_CWD"
+PINNED_ALLOC_FAILS_ENV = "COLOCGRPO_PROBE_PINNED_ALLOC_FAILS"
+KILL_IN_SAVE_ENV = "COLOCGRPO_PROBE_KILL_IN_SAVE"
+# What torch reports when cudaHostAlloc refuses pinned host memory (the caching host allocator's CUDA check).
+PINNED_ALLOC_ERROR = "CUDA error: out of memory (cudaHostAlloc: pinned host memory for the trainer state)"
 # Added to the engine's log-prob of token t: LOGPROB_SHIFTS[t % 3].
 LOGPROB_SHIFTS = (0.0, -0.4, 0.3)
 
@@ -70,7 +82,8 @@ def _for_this_rank(env: str) -> str | None:
 
 
 def apply_rank_environment() -> None:
-    """`RANK_ENV_ENV`'s variables for this rank (a worker started by a launcher; the launcher has no RANK)."""
+    """`RANK_ENV_ENV`'s variables and `CWD_ENV`'s folder for this rank (a worker started by a launcher; the launcher
+    has no RANK)."""
     if "RANK" not in os.environ:
         return
     for entry in filter(None, os.environ.get(RANK_ENV_ENV, "").split(";")):
@@ -78,6 +91,9 @@ def apply_rank_environment() -> None:
         name, _, value = assignment.partition("=")
         if _rank() in {int(r) for r in ranks.split(",") if r}:
             os.environ[name] = value
+    folder = _for_this_rank(CWD_ENV)
+    if folder:
+        os.chdir(folder)
 
 
 def weights_digest(named: list[tuple[str, Any]]) -> str:
@@ -100,6 +116,12 @@ class Probe:
         stop = _for_this_rank(STOP_AFTER_ENV)
         self.stop_after = int(stop) if stop else None
         self.pushes = 0
+
+    def fault(self, what: str) -> None:
+        """Record an injected fault and when it struck."""
+        import time
+
+        self.record("fault", what=what, time=time.time())
 
     def record(self, event: str, **fields: Any) -> None:
         with self.path.open("a") as out:
@@ -221,6 +243,7 @@ def _install(probe: Probe) -> None:
     ColocatedVLLM.push_weights = checked_push_weights
     ColocatedVLLM._agree_max = recorded_agree_max
     _install_trainer_records(probe)
+    _install_faults(probe)
 
     hidden = _for_this_rank(HIDE_ENV)
     if hidden:
@@ -272,3 +295,31 @@ def _install_trainer_records(probe: Probe) -> None:
     Trainer.log = recorded_log
     if _for_this_rank(OLD_LOGPS_ENV) == "forward":
         ColocGRPOTrainer._defers_old_logps = lambda self, generation_batch: False
+
+
+def _install_faults(probe: Probe) -> None:
+    """The faults `PINNED_ALLOC_FAILS_ENV` and `KILL_IN_SAVE_ENV` inject on this rank."""
+    from transformers import Trainer
+
+    from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+
+    if _for_this_rank(PINNED_ALLOC_FAILS_ENV) is not None:
+
+        def refused_offload(self):
+            probe.fault("pinned allocation refused")
+            raise RuntimeError(PINNED_ALLOC_ERROR)
+
+        ColocatedVLLM._offload_trainer_state = refused_offload
+
+    killed_in = _for_this_rank(KILL_IN_SAVE_ENV)
+    if killed_in:
+        save_optimizer = Trainer._save_optimizer_and_scheduler
+
+        @functools.wraps(save_optimizer)
+        def killed_save_optimizer(self, output_dir):
+            if Path(output_dir).name == killed_in:
+                probe.fault(f"SIGKILL while saving {killed_in}")
+                os.kill(os.getpid(), signal.SIGKILL)
+            return save_optimizer(self, output_dir)
+
+        Trainer._save_optimizer_and_scheduler = killed_save_optimizer

@@ -32,7 +32,7 @@ import pytest
 from colocgrpo_training.failures import EXIT_INVALID_CONFIG
 from colocgrpo_training.generation.trainer import no_grad_rows
 from support import rank_probe
-from support.local_pod import SHORT_RUN, Launch, cpu_pod_job, launch_pod, progress_steps, render_pod
+from support.local_pod import SHORT_RUN, Launch, cpu_pod_job, launch_probed, progress_steps
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -72,15 +72,7 @@ def launch(
         trainer_args={"learning_rate": 0.05, "seed": 5, "logging_steps": 1, **trainer_args},
         prompts=prompts,
     )
-    command = render_pod(job, work / "config", reward_modules_dir=work / "rewards")
-    env = {
-        **env,
-        rank_probe.DIR_ENV: str(work / "probe"),
-        "COLOCGRPO_TERMINATION_LOG": str(work / "termination-log"),
-        "PYTHONUNBUFFERED": "1",
-        **probe,
-    }
-    return launch_pod(command, work, env, world=WORLD, limit_s=LAUNCH_LIMIT_S, probe_dir=work / "probe")
+    return launch_probed(job, work, env, probe, world=WORLD, limit_s=LAUNCH_LIMIT_S)
 
 
 def trl_path(probe: dict[str, str]) -> dict[str, str]:

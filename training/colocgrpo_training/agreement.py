@@ -68,3 +68,10 @@ def gather(value: T) -> list[T]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+def barrier() -> None:
+    """Return once every rank has called it (at once in one process)."""
+    dist = _world()
+    if dist is not None:
+        dist.barrier()

@@ -22,7 +22,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from colocgrpo_training.agreement import any_rank, gather
+from colocgrpo_training.agreement import any_rank, barrier, gather
+from colocgrpo_training.verdict import AgreedError
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ def complete_steps(output_dir: str | Path) -> list[int]:
     return steps
 
 
-class ResumeDisagreementError(RuntimeError):
-    """The ranks see no complete checkpoint in common, though some see one."""
+class ResumeDisagreementError(RuntimeError, AgreedError):
+    """The ranks see no complete checkpoint in common, though some see one; raised on every rank alike."""
 
 
 def common_resume_step(per_rank: list[list[int]], output_dir: str | Path = "checkpoint.dir") -> int | None:
@@ -100,13 +101,6 @@ def agreed_resume_checkpoint(output_dir: str | Path) -> Path | None:
     return None if step is None else Path(output_dir) / f"checkpoint-{step}"
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 class CheckpointMarker(TrainerCallback):
     """Marks a checkpoint complete once every rank has returned from saving it."""
 
@@ -118,7 +112,7 @@ class CheckpointMarker(TrainerCallback):
     ) -> TrainerControl:
         assert args.output_dir is not None  # TrainingArguments.__post_init__ fills in a default
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        _barrier()  # DeepSpeed writes shards from every rank; rank 0 must not mark early
+        barrier()  # DeepSpeed writes shards from every rank; rank 0 must not mark early
         if state.is_world_process_zero and checkpoint.is_dir():
             (checkpoint / COMPLETE_MARKER).write_text(f"{state.global_step}\n")
         self.last_checkpoint = checkpoint

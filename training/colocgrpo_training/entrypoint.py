@@ -23,8 +23,9 @@ from pydantic import ValidationError
 
 from colocgrpo_training.config import TrainerConfig
 from colocgrpo_training.cuda_arch import make_arch_list_deepspeed_readable
-from colocgrpo_training.failures import EXIT_TERMINATED, InvalidConfigError, classify, write_termination_message
+from colocgrpo_training.failures import EXIT_TERMINATED, InvalidConfigError
 from colocgrpo_training.launch import record_exit_code
+from colocgrpo_training.verdict import Watch, rank_failed
 
 
 def load_config(path: str) -> TrainerConfig:
@@ -81,6 +82,8 @@ def run(config_path: str) -> int:
     arch_list = make_arch_list_deepspeed_readable()
     if arch_list is not None:
         logging.getLogger(__name__).info("TORCH_CUDA_ARCH_LIST set to %s for DeepSpeed's op builds", arch_list)
+    # Another rank's failure ends this process too, with that rank's cause, even while it waits in a collective.
+    Watch(end=_end_with).start()
     try:
         config = load_config(config_path)
         check_tp_layout(config)
@@ -93,11 +96,15 @@ def run(config_path: str) -> int:
     except KeyboardInterrupt:
         raise
     except Exception as exc:
-        failure = classify(exc)
         traceback.print_exc()
-        print(f"colocgrpo: {failure.reason}: {failure.message}", file=sys.stderr, flush=True)
-        write_termination_message(failure)
-        return failure.exit_code
+        return rank_failed(exc)  # this rank's failure, or the one another rank announced first
+
+
+def _end_with(code: int) -> NoReturn:
+    """How a rank's verdict watch ends the process: the code recorded for the launcher, output flushed, no waiting
+    for the main thread (it is blocked in a collective that will not complete)."""
+    record_exit_code(code)
+    _exit_now(code)
 
 
 # How long the way out may take before the process ends anyway: a thread that never finishes (a busy worker of a

@@ -7,9 +7,11 @@ touches vLLM); without it (CPU jobs) TRL's plain GRPOTrainer generates with tran
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from colocgrpo_training.agreement import barrier
 from colocgrpo_training.checkpoints import (
     CheckpointMarker,
     SaveOnTermination,
@@ -29,6 +31,7 @@ from colocgrpo_training.failures import (
 from colocgrpo_training.grpo_args import build_grpo_config
 from colocgrpo_training.progress import ProgressReporter
 from colocgrpo_training.rewards import RewardError, accuracy_needed, resolve_rewards
+from colocgrpo_training.verdict import stage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -76,12 +79,73 @@ def trainer_class(config: TrainerConfig) -> tuple[type, dict[str, Any]]:
 
 
 def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
+    """Set up, train and save one run; the exit code (0, or `EXIT_TERMINATED` after a SIGTERM's checkpoint).
+
+    Each stage runs under `verdict.stage`: a failure of any rank in it is announced to every rank, which all end with
+    that rank's cause (docs/trainer.md, "Failures every rank agrees on")."""
+    with stage("in setup"):
+        run = _set_up(config, termination)
+        trainer = run.trainer
+        # SIGTERM while loading: nothing new to save. Agreed, because a SIGTERM that reached only
+        # some ranks would otherwise leave the others waiting in training's first collective.
+        if any_rank_requested(termination.requested.is_set()):
+            message = f"stopped by {termination.describe()} before the first step"
+            print(f"colocgrpo: {message}", flush=True)
+            if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
+                write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
+            return EXIT_TERMINATED
+        resume_from = None
+        if config.checkpoint.resume == "auto":
+            # Every rank must load the same step (DeepSpeed's load is a collective).
+            resume_from = agreed_resume_checkpoint(config.checkpoint.dir)
+            if resume_from is not None:
+                log.warning("resuming from %s", resume_from)
+                run.reporter.last_checkpoint = str(resume_from)
+
+    with stage("in training"):  # generation and rewards, the offload and each save name their own stages
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    if run.stop_on_sigterm.stopped_at_step is not None:
+        checkpoint = run.marker.last_checkpoint
+        message = (
+            f"stopped by {termination.describe()} at step {run.stop_on_sigterm.stopped_at_step}; "
+            f"checkpoint {checkpoint} saved, the next run resumes from it"
+        )
+        print(f"colocgrpo: {message}", flush=True)
+        if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
+            write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
+        return EXIT_TERMINATED
+
+    if config.checkpoint.save_final_model:
+        final_dir = Path(config.checkpoint.dir) / FINAL_MODEL_DIRNAME
+        with stage("saving the final model"):
+            trainer.save_model(str(final_dir))  # gathers ZeRO-3 shards into one HF model folder
+            if trainer.is_world_process_zero():
+                run.tokenizer.save_pretrained(str(final_dir))
+            barrier()  # every rank leaves the save together: a rank that failed in it stops the others
+        if trainer.is_world_process_zero():
+            print(f"colocgrpo: final model saved to {final_dir}", flush=True)
+    return 0
+
+
+@dataclass
+class _Run:
+    """What setting up built: the trainer, its tokenizer and the callbacks the run reads after training."""
+
+    trainer: Any
+    tokenizer: PreTrainedTokenizerBase
+    stop_on_sigterm: SaveOnTermination
+    marker: CheckpointMarker
+    reporter: ProgressReporter
+
+
+def _set_up(config: TrainerConfig, termination: TerminationRequest) -> _Run:
+    """Rewards, tokenizer, prompts and the trainer. Building the GRPOConfig starts the process group."""
+    grpo_config = build_grpo_config(config, [float(entry.weight) for entry in config.rewards])
     try:
-        reward_funcs, reward_weights = resolve_rewards(config.rewards, config.reward_modules_dir)
+        reward_funcs, _ = resolve_rewards(config.rewards, config.reward_modules_dir)
     except RewardError as err:
         raise InvalidConfigError(str(err)) from err
-    grpo_config = build_grpo_config(config, reward_weights)
-
     tokenizer = load_tokenizer(config)
     dataset = load_prompt_dataset(config.dataset, require_solution=accuracy_needed(config.rewards))
     if config.dataset.max_prompt_tokens is not None:
@@ -101,40 +165,4 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
         callbacks=[stop_on_sigterm, marker, reporter],
         **extra,
     )
-
-    # SIGTERM while loading: nothing new to save. Agreed, because a SIGTERM that reached only
-    # some ranks would otherwise leave the others waiting in training's first collective.
-    if any_rank_requested(termination.requested.is_set()):
-        message = f"stopped by {termination.describe()} before the first step"
-        print(f"colocgrpo: {message}", flush=True)
-        if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
-            write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
-        return EXIT_TERMINATED
-
-    resume_from = None
-    if config.checkpoint.resume == "auto":
-        # Every rank must load the same step (DeepSpeed's load is a collective).
-        resume_from = agreed_resume_checkpoint(config.checkpoint.dir)
-        if resume_from is not None:
-            log.warning("resuming from %s", resume_from)
-            reporter.last_checkpoint = str(resume_from)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-
-    if stop_on_sigterm.stopped_at_step is not None:
-        checkpoint = marker.last_checkpoint
-        message = (
-            f"stopped by {termination.describe()} at step {stop_on_sigterm.stopped_at_step}; "
-            f"checkpoint {checkpoint} saved, the next run resumes from it"
-        )
-        print(f"colocgrpo: {message}", flush=True)
-        if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
-            write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
-        return EXIT_TERMINATED
-
-    if config.checkpoint.save_final_model:
-        final_dir = Path(config.checkpoint.dir) / FINAL_MODEL_DIRNAME
-        trainer.save_model(str(final_dir))  # gathers ZeRO-3 shards into one HF model folder
-        if trainer.is_world_process_zero():
-            tokenizer.save_pretrained(str(final_dir))
-            print(f"colocgrpo: final model saved to {final_dir}", flush=True)
-    return 0
+    return _Run(trainer, tokenizer, stop_on_sigterm, marker, reporter)

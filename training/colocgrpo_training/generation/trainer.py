@@ -47,6 +47,7 @@ from colocgrpo_training.generation.old_logps import (
 from colocgrpo_training.generation.schedules import predict_next_generate
 from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
 from colocgrpo_training.planner.micro_batches import dropout_settings
+from colocgrpo_training.verdict import stage
 
 log = logging.getLogger("colocgrpo.generation")
 
@@ -193,6 +194,15 @@ class ColocGRPOTrainer(GRPOTrainer):
         if reason is not None:
             log.info("old log-probs: one forward after each generation, as TRL does (%s)", reason)
         return reason
+
+    # -- stages: a failure in one ends every rank with its cause (verdict.py) ------------------
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        with stage(f"in generation and rewards at step {self.state.global_step}"):
+            return super()._generate_and_score_completions(inputs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        with stage(f"saving checkpoint-{self.state.global_step}"):
+            super()._save_checkpoint(model, trial)
 
     # -- hooks -----------------------------------------------------------------------------
     def _deepspeed_engine(self) -> Any:

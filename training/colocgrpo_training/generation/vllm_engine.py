@@ -39,6 +39,7 @@ from colocgrpo_training.generation.tp_groups import (
     request_seeds,
     slice_back,
 )
+from colocgrpo_training.verdict import stage
 
 log = logging.getLogger("colocgrpo.generation")
 
@@ -233,7 +234,8 @@ class ColocatedVLLM(VLLMGeneration):
             TrainerStateOffloadError: the DeepSpeed engine cannot move its state (checked at the first
                 offload); the message names the spec field.
         """
-        self._offload_trainer_state()
+        with stage(f"offloading the trainer state at step {self.weight_version()}"):
+            self._offload_trainer_state()
         self.llm.wake_up(tags=["kv_cache"])
         # The KV cache was discarded while asleep: no cached prefix may survive.
         self.llm.reset_prefix_cache()
@@ -242,7 +244,8 @@ class ColocatedVLLM(VLLMGeneration):
         """`LLM.sleep(level)`: 1 keeps the weights in pinned host memory, 2 discards them; both free the KV
         cache. Then reloads an offloaded trainer state onto the GPU."""
         self.llm.sleep(level=level)
-        self._reload_trainer_state()
+        with stage(f"reloading the trainer state at step {self.weight_version()}"):
+            self._reload_trainer_state()
 
     def push_weights(self) -> int:
         """Load all of the trainer's weights into vLLM, bucketed: one gather and one `load_weights` call per
