@@ -1,7 +1,8 @@
 """A CPU stand-in for the `vllm` module (just the surface ColocatedVLLM uses), so the CPU
 tests run TRL's real GRPO loop through ColocGRPOTrainer and the sleep-policy controller.
 
-It behaves like vLLM where the policy is concerned (docs/sleep-policy.md, "What vLLM's sleep mode does"): a level-2
+It refuses a prompt that leaves no room under its max model length, as vLLM's input check does, and it
+behaves like vLLM where the policy is concerned (docs/sleep-policy.md, "What vLLM's sleep mode does"): a level-2
 sleep overwrites the weights with garbage, level 1 restores them, waking the KV cache
 before the weights raises, generating while asleep raises. A request that carries a seed
 samples from a generator seeded with it (as vLLM's per-request seeds do), so equal requests
@@ -145,6 +146,13 @@ class LLM:
         for hook in GENERATE_HOOKS:
             hook(self.model)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        limit = self.llm_engine.model_config.max_model_len
+        for prompt in prompts:  # vLLM's input check: a prompt must leave room for one generated token
+            if len(prompt["prompt_token_ids"]) >= limit:
+                raise ValueError(
+                    f"The decoder prompt (length {len(prompt['prompt_token_ids'])}) is longer than the maximum model "
+                    f"length of {limit}. Make sure that `max_model_len` is no smaller than the number of text tokens."
+                )
         outputs = []
         for prompt, sp in zip(prompts, params, strict=True):
             ids = list(prompt["prompt_token_ids"])

@@ -29,6 +29,8 @@ Faults and variants it injects, each for the ranks listed:
                                             several such entries
   COLOCGRPO_PROBE_CWD="3:/some/folder"      the working directory of those ranks, set when the interpreter starts
                                             (a path under /proc/self/cwd then names another file there)
+  COLOCGRPO_PROBE_LONG_PROMPT="2:300"       at the rank's first generate its first prompt is 300 tokens long (its
+                                            own tokens repeated), before ColocatedVLLM sees it
   COLOCGRPO_PROBE_PINNED_ALLOC_FAILS="1"    the rank's first trainer-state offload fails as a pinned host
                                             allocation that CUDA refuses does
   COLOCGRPO_PROBE_KILL_IN_SAVE="1:checkpoint-2"  SIGKILL to the rank in the middle of saving checkpoint-2: after
@@ -56,6 +58,7 @@ STOP_AFTER_ENV = "COLOCGRPO_PROBE_STOP_AFTER"
 NO_GRAD_TOKENS_ENV = "COLOCGRPO_PROBE_NO_GRAD_TOKENS"
 RANK_ENV_ENV = "COLOCGRPO_PROBE_RANK_ENV"
 CWD_ENV = "COLOCGRPO_PROBE_CWD"
+LONG_PROMPT_ENV = "COLOCGRPO_PROBE_LONG_PROMPT"
 PINNED_ALLOC_FAILS_ENV = "COLOCGRPO_PROBE_PINNED_ALLOC_FAILS"
 KILL_IN_SAVE_ENV = "COLOCGRPO_PROBE_KILL_IN_SAVE"
 # What torch reports when cudaHostAlloc refuses pinned host memory (the caching host allocator's CUDA check).
@@ -116,6 +119,7 @@ class Probe:
         stop = _for_this_rank(STOP_AFTER_ENV)
         self.stop_after = int(stop) if stop else None
         self.pushes = 0
+        self.long_prompt_sent = False
 
     def fault(self, what: str) -> None:
         """Record an injected fault and when it struck."""
@@ -298,10 +302,25 @@ def _install_trainer_records(probe: Probe) -> None:
 
 
 def _install_faults(probe: Probe) -> None:
-    """The faults `PINNED_ALLOC_FAILS_ENV` and `KILL_IN_SAVE_ENV` inject on this rank."""
+    """The faults `LONG_PROMPT_ENV`, `PINNED_ALLOC_FAILS_ENV` and `KILL_IN_SAVE_ENV` inject on this rank."""
     from transformers import Trainer
 
     from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+
+    long_prompt = _for_this_rank(LONG_PROMPT_ENV)
+    if long_prompt:
+        generate = ColocatedVLLM.generate
+
+        @functools.wraps(generate)
+        def lengthened_generate(self, prompts, *args, **kwargs):
+            if not probe.long_prompt_sent:
+                probe.long_prompt_sent = True
+                first = list(prompts[0])
+                prompts = [(first * (1 + int(long_prompt) // len(first)))[: int(long_prompt)], *prompts[1:]]
+                probe.fault(f"prompt 0 of {int(long_prompt)} tokens")
+            return generate(self, prompts, *args, **kwargs)
+
+        ColocatedVLLM.generate = lengthened_generate
 
     if _for_this_rank(PINNED_ALLOC_FAILS_ENV) is not None:
 

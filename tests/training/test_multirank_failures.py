@@ -5,6 +5,8 @@ command launched here on CPU over gloo (`support.local_pod`), each launch under 
 where a real job's rank would, the others being healthy:
 
 - rewards: the job's reward function raises on rank 2 alone (its completions are the ones it cannot score);
+- prompt: a prompt longer than vLLM's max model length reaches rank 2, in TP group (2, 3), and `maxPromptTokens` is
+  unset, so nothing truncated it;
 - dataset: the dataset file is missing on rank 3 (its working directory differs, and the path goes through
   /proc/self/cwd);
 - pinned: rank 1's trainer-state offload fails as a pinned host allocation CUDA refuses does.
@@ -126,6 +128,25 @@ def test_a_reward_that_raises_on_rank_2_stops_every_rank_with_it(root, tiny_mode
         "rank 2 failed in generation and rewards at step 0: reward function flaky_rewards:flaky (rewards[0]) "
         "raised ValueError: the judge cannot score this completion",
     )
+
+
+def test_an_over_long_prompt_in_tp_group_2_3_stops_every_rank_naming_it(root, tiny_model_dir, env):
+    failed = launch_failing(
+        root,
+        "prompt",
+        tiny_model_dir,
+        env,
+        {rank_probe.LONG_PROMPT_ENV: "2:300"},
+        dataset={"maxPromptTokens": None},
+    )
+    assert_one_verdict(
+        failed,
+        "DataError",
+        EXIT_FAILED,
+        "every rank stopped in generation and rewards at step 0: 1 prompt(s) longer than the 127 tokens vLLM takes "
+        "(its max model length 128, vllm.maxModelLen, less one token to generate): rank 2's prompt 0, 300 tokens,",
+    )
+    assert not any(failed.run.events(rank, "generate") for rank in range(WORLD))  # vLLM never saw it
 
 
 def test_a_dataset_file_missing_on_rank_3_stops_every_rank_naming_it(root, tiny_model_dir, env):

@@ -26,8 +26,9 @@ from trl.extras.profiling import ProfilingContext
 from trl.generation.vllm_generation import VLLMGeneration, empty_cache, extract_logprobs
 from trl.trainer.utils import ensure_master_addr_port
 
-from colocgrpo_training.agreement import agree_max
+from colocgrpo_training.agreement import agree_max, gather
 from colocgrpo_training.config import SleepPolicy, VLLMSettings
+from colocgrpo_training.data import DataError
 from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES, plan_buckets
 from colocgrpo_training.generation.policy import CostModel, EngineState, SleepController
 from colocgrpo_training.generation.schedules import NextGenerate
@@ -39,7 +40,7 @@ from colocgrpo_training.generation.tp_groups import (
     request_seeds,
     slice_back,
 )
-from colocgrpo_training.verdict import stage
+from colocgrpo_training.verdict import AgreedError, stage
 
 log = logging.getLogger("colocgrpo.generation")
 
@@ -362,6 +363,8 @@ class ColocatedVLLM(VLLMGeneration):
             `num_logprobs` is 1 for TRL's `logprobs=0`, up to N+1 for `logprobs=N`, as in TRL.
 
         Raises:
+            PromptTooLongError: a prompt of any rank leaves no room under vLLM's max model length (raised on every
+                rank alike, before vLLM sees any prompt).
             StaleWeightsError: the engine would generate from weights other than the trainer's current ones (a
                 bug; the check runs right before every generate).
             TrainerStateOffloadError: `settings.offload_trainer_state` and the DeepSpeed engine cannot move its
@@ -369,6 +372,7 @@ class ColocatedVLLM(VLLMGeneration):
         """
         from vllm import SamplingParams
 
+        self._refuse_prompts_over_the_limit(prompts)
         version = self.weight_version()
         self.controller.prepare(self, version)
         self.controller.check_ready(version)
@@ -447,6 +451,32 @@ class ColocatedVLLM(VLLMGeneration):
         nxt = self.next_generate or NextGenerate(push_due=False, final=False)
         self.controller.finish(self, nxt.push_due, final=nxt.final)
         return prompt_ids, completion_ids, logprobs, logprob_token_ids
+
+    def _refuse_prompts_over_the_limit(self, prompts: list[list[int]]) -> None:
+        """Every rank, before vLLM sees a prompt: the longest prompt of any rank (`agree_max`, a collective every
+        rank runs at every generate) against vLLM's limit, the engine's max model length less the one token it must
+        generate. Over it, every rank raises the same `PromptTooLongError` naming the prompts (all-gathered): vLLM
+        would raise on the ranks of one TP group only, and the others would wait for them in the next collective."""
+        limit = self.max_prompt_tokens()
+        if limit is None:  # equal on every rank: the engines are built alike
+            return
+        longest = int(agree_max(float(max((len(p) for p in prompts), default=0))))
+        if longest <= limit:
+            return
+        mine = [(i, len(p), self.processing_class.decode(p[-24:])) for i, p in enumerate(prompts) if len(p) > limit]
+        over = [(rank, *row) for rank, rows in enumerate(gather(mine)) for row in rows]
+        listed = "; ".join(f"rank {rank}'s prompt {i}, {n} tokens, ending {text!r}" for rank, i, n, text in over[:4])
+        raise PromptTooLongError(
+            f"{len(over)} prompt(s) longer than the {limit} tokens vLLM takes (its max model length "
+            f"{limit + 1}, vllm.maxModelLen, less one token to generate): {listed}. Set dataset.maxPromptTokens to "
+            f"at most {limit} to truncate prompts, or raise vllm.maxModelLen"
+        )
+
+    def max_prompt_tokens(self) -> int | None:
+        """The most prompt tokens vLLM accepts: its max model length less one (None: not known)."""
+        engine_config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
+        length = getattr(engine_config, "max_model_len", None) or self.max_model_length
+        return None if length is None else int(length) - 1
 
     # -- trainer-state offload -------------------------------------------------------------
     def _offload_trainer_state(self) -> None:
@@ -528,6 +558,10 @@ def whole_tensor_without_gather(param: torch.Tensor) -> torch.Tensor | None:
     if getattr(part, "final_location", None) is not None:  # NVMe-backed: the buffer may be released
         return None
     return part.data.narrow(0, 0, zero3.ds_numel).view(zero3.ds_shape)
+
+
+class PromptTooLongError(DataError, AgreedError):
+    """Prompts longer than vLLM's limit; raised on every rank alike, naming each rank's prompts."""
 
 
 class TrainerStateOffloadError(RuntimeError):
