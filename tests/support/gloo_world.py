@@ -81,3 +81,22 @@ def verdict_rank(behaviour: str) -> None:
     if behaviour == "fail":
         time.sleep(300)
     exit_process(code)
+
+
+def dataset_agreement(rank: int, world: int, port: int, files: list[str], out: str) -> None:
+    """`data.agree_on_dataset` after this rank loaded `files[rank]` as the job's dataset path would be on its node;
+    writes `{"agreed": true}` or the error."""
+    import torch.distributed as dist
+
+    from colocgrpo_training.config import DatasetSettings
+    from colocgrpo_training.data import DatasetMismatchError, agree_on_dataset, load_prompt_dataset
+
+    _join(rank, world, port)
+    settings = DatasetSettings(name_or_path=files[rank])
+    try:
+        agree_on_dataset(load_prompt_dataset(settings), DatasetSettings(name_or_path="/data/train.jsonl"))
+        result: dict = {"agreed": True}
+    except DatasetMismatchError as err:
+        result = {"error": str(err)}
+    dist.destroy_process_group()
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))

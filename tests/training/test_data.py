@@ -7,7 +7,15 @@ import json
 import pytest
 
 from colocgrpo_training.config import DatasetSettings
-from colocgrpo_training.data import DataError, apply_chat_template, load_prompt_dataset, truncate_prompts
+from colocgrpo_training.data import (
+    DataError,
+    TooFewPromptsError,
+    apply_chat_template,
+    fingerprint,
+    load_prompt_dataset,
+    require_enough_prompts,
+    truncate_prompts,
+)
 from colocgrpo_training.failures import EXIT_INVALID_CONFIG, InvalidConfigError, classify
 
 pytestmark = pytest.mark.trainer
@@ -153,3 +161,61 @@ def test_truncation_budget_smaller_than_the_template_is_an_error(tmp_path, tiny_
     settings = DatasetSettings(name_or_path=str(path), prompt_column="question", system_prompt="Be brief. " * 20)
     with pytest.raises(DataError, match="maxPromptTokens=10"):
         truncate_prompts(load_prompt_dataset(settings), tiny_tokenizer, 10)
+
+
+def test_the_fingerprint_is_the_rows_content_in_order(tmp_path):
+    import os
+    import shutil
+
+    first = write_jsonl(tmp_path / "a.jsonl", ROWS)
+    copy = tmp_path / "copy" / "a.jsonl"
+    copy.parent.mkdir()
+    shutil.copy(first, copy)
+    os.utime(copy, (0, 0))  # another node's copy: another path and modification time, the same rows
+    changed = write_jsonl(tmp_path / "changed.jsonl", [ROWS[0], {**ROWS[1], "question": "What is 7 + 6?"}])
+    reordered = write_jsonl(tmp_path / "reordered.jsonl", ROWS[::-1])
+    prints = {
+        name: fingerprint(load_prompt_dataset(DatasetSettings(name_or_path=str(path), prompt_column="question")))
+        for name, path in {"first": first, "copy": copy, "changed": changed, "reordered": reordered}.items()
+    }
+    assert prints["first"] == prints["copy"]
+    assert len({prints["first"], prints["changed"], prints["reordered"]}) == 3
+
+
+def test_ranks_that_loaded_different_rows_all_stop_naming_what_each_loaded(tmp_path):
+    from support import gloo_world
+
+    rows = [{"problem": row["question"]} for row in ROWS]
+    same = write_jsonl(tmp_path / "train.jsonl", rows)
+    other = write_jsonl(tmp_path / "other.jsonl", [*rows, {"problem": "What is 1 + 1?"}])
+    out = tmp_path / "out"
+    out.mkdir()
+    gloo_world.run_world(gloo_world.dataset_agreement, 3, [str(same), str(same), str(other)], str(out))
+    results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(3)]
+    ours, theirs = (fingerprint(load_prompt_dataset(DatasetSettings(name_or_path=str(path)))) for path in (same, other))
+    expected = (
+        "the ranks loaded different data from dataset '/data/train.jsonl' split 'train' "
+        f"(ranks 0, 1: 2 rows, fingerprint {ours}; rank 2: 3 rows, fingerprint {theirs}); every pod must read the "
+        "same rows: the same files for a local path (one volume), the same revision of a Hub dataset"
+    )
+    assert results == [{"error": expected}] * 3
+
+
+def test_a_dataset_smaller_than_one_generation_batch_is_refused_with_the_numbers():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(
+        generation_batch_size=64, num_generations=8, per_device_train_batch_size=4, steps_per_generation=2, world_size=8
+    )
+    settings = DatasetSettings(name_or_path="/data/train.jsonl")
+    require_enough_prompts(8, args, settings)  # 64 rows / 8 generations: 8 prompts, enough
+    with pytest.raises(TooFewPromptsError) as err:
+        require_enough_prompts(7, args, settings)
+    assert str(err.value) == (
+        "dataset '/data/train.jsonl' split 'train' has 7 prompts, fewer than the 8 one generation batch takes "
+        "(generation_batch_size 64 rows = per_device_train_batch_size 4 x steps_per_generation 2 x 8 processes, / "
+        "num_generations 8): training would run no step. Add prompts, or lower per_device_train_batch_size, "
+        "steps_per_generation or the number of GPUs"
+    )
+    failure = classify(err.value)
+    assert (failure.reason, failure.exit_code) == ("InvalidConfig", EXIT_INVALID_CONFIG)

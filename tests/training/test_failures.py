@@ -209,3 +209,21 @@ def test_a_tp_size_that_does_not_divide_the_gpus_is_refused_before_any_model_loa
         "message": "trainer config: vllm.tensorParallelSize 2 must divide resources.gpusPerNode 3 (a tensor-parallel "
         "group must stay inside one node) (6 processes, 3 per node)",
     }
+
+
+def test_a_dataset_too_small_for_one_generation_batch_is_refused_before_training(tmp_path, tiny_model_dir):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "1 + 1?"}\n')  # one prompt; a generation batch of 2 rows x 1 step takes 1 prompt x 2
+    config = MISSING_PATHS.format(model=tiny_model_dir, dataset=data, checkpoints=tmp_path / "c").replace(
+        "per_device_train_batch_size: 2, num_generations: 2", "per_device_train_batch_size: 4, num_generations: 2"
+    )
+    result, message = _run_entrypoint(config, tmp_path, sys.executable, "-m", "colocgrpo_training")
+    assert result.returncode == EXIT_INVALID_CONFIG, result.stderr[-3000:]
+    assert message == {
+        "reason": "InvalidConfig",
+        "message": f"dataset {str(data)!r} split 'train' has 1 prompts, fewer than the 2 one generation batch takes "
+        "(generation_batch_size 4 rows = per_device_train_batch_size 4 x steps_per_generation 1 x 1 processes, / "
+        "num_generations 2): training would run no step. Add prompts, or lower per_device_train_batch_size, "
+        "steps_per_generation or the number of GPUs",
+    }
+    assert not (tmp_path / "c").exists()  # nothing trained, nothing saved

@@ -4,22 +4,30 @@ Each row becomes `{"prompt": [{"role": "system", ...}, {"role": "user", ...}], .
 open-r1's `make_conversation` does; every other column stays, so reward functions receive
 them as keyword arguments (the accuracy reward reads `solution`).
 
+Before training the ranks agree that they loaded the same rows (`agree_on_dataset`) and that
+there are enough of them for one generation batch (`require_enough_prompts`).
+
 This module is import-light (no torch, no datasets at import time) because the failure
 classifier imports `DataError` from it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from colocgrpo_training.agreement import gather
 from colocgrpo_training.config import DatasetSettings
 from colocgrpo_training.failures import InvalidConfigError
+from colocgrpo_training.verdict import AgreedError
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
+    from trl import GRPOConfig
 
 # datasets' builder for each local file type we accept.
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -29,6 +37,14 @@ SOLUTION_KWARG = "solution"
 
 class DataError(Exception):
     """The dataset cannot produce prompts; the message names the dataset, split and column."""
+
+
+class DatasetMismatchError(DataError, AgreedError):
+    """The ranks loaded different rows; raised on every rank alike, naming what each rank loaded."""
+
+
+class TooFewPromptsError(InvalidConfigError, AgreedError):
+    """The dataset has fewer prompts than one generation batch takes; raised on every rank alike."""
 
 
 def local_path(name_or_path: str) -> Path | None:
@@ -185,3 +201,51 @@ def truncate_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_p
         return {"prompt": messages}
 
     return dataset.map(truncate, desc="truncate prompts")
+
+
+def fingerprint(dataset: Dataset) -> str:
+    """A digest of every row's content, in order: equal for the same rows however they were loaded (unlike
+    datasets' own fingerprint, which hashes the files' modification times and cache paths)."""
+    digest = hashlib.sha256()
+    for batch in dataset.iter(batch_size=1024):
+        digest.update(json.dumps(batch, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def agree_on_dataset(dataset: Dataset, settings: DatasetSettings) -> None:
+    """Every rank loaded the same prompts: the rows and `fingerprint` of every rank, all-gathered (a collective every
+    rank calls once, after loading). Otherwise every rank raises the same `DatasetMismatchError` naming what each
+    loaded: ranks that read different files of one path, or different revisions of a Hub dataset, would run
+    different numbers of steps (and wait for each other at an epoch's end) or mix prompts within one reward group."""
+    views: list[tuple[int, str]] = gather((dataset.num_rows, fingerprint(dataset)))
+    if len(set(views)) == 1:
+        return
+    ranks: dict[tuple[int, str], list[int]] = {}
+    for rank, view in enumerate(views):
+        ranks.setdefault(view, []).append(rank)
+    loaded = "; ".join(
+        f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}: {rows} rows, fingerprint {digest}"
+        for (rows, digest), who in ranks.items()
+    )
+    raise DatasetMismatchError(
+        f"the ranks loaded different data from dataset {settings.name_or_path!r} split {settings.split!r} ({loaded}); "
+        "every pod must read the same rows: the same files for a local path (one volume), the same revision of a "
+        "Hub dataset"
+    )
+
+
+def require_enough_prompts(rows: int, args: GRPOConfig, settings: DatasetSettings) -> None:
+    """`TooFewPromptsError` when `rows` prompts are fewer than one generation batch takes (`generation_batch_size /
+    num_generations` distinct prompts): TRL's sampler drops an incomplete batch, so the run would train no step and
+    save the base model as its result. `rows` is agreed (`agree_on_dataset`), so every rank decides alike."""
+    generation_batch = int(args.generation_batch_size or 0)
+    needed = generation_batch // int(args.num_generations or 1)
+    if rows >= needed:
+        return
+    raise TooFewPromptsError(
+        f"dataset {settings.name_or_path!r} split {settings.split!r} has {rows} prompts, fewer than the {needed} one "
+        f"generation batch takes (generation_batch_size {generation_batch} rows = per_device_train_batch_size "
+        f"{args.per_device_train_batch_size} x steps_per_generation {args.steps_per_generation} x {args.world_size} "
+        f"processes, / num_generations {args.num_generations}): training would run no step. Add prompts, or lower "
+        "per_device_train_batch_size, steps_per_generation or the number of GPUs"
+    )

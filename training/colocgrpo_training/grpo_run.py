@@ -20,7 +20,14 @@ from colocgrpo_training.checkpoints import (
     any_rank_requested,
 )
 from colocgrpo_training.config import TrainerConfig
-from colocgrpo_training.data import apply_chat_template, load_prompt_dataset, require_local_path, truncate_prompts
+from colocgrpo_training.data import (
+    agree_on_dataset,
+    apply_chat_template,
+    load_prompt_dataset,
+    require_enough_prompts,
+    require_local_path,
+    truncate_prompts,
+)
 from colocgrpo_training.failures import (
     EXIT_TERMINATED,
     TERMINATED,
@@ -150,6 +157,8 @@ def _set_up(config: TrainerConfig, termination: TerminationRequest) -> _Run:
     dataset = load_prompt_dataset(config.dataset, require_solution=accuracy_needed(config.rewards))
     if config.dataset.max_prompt_tokens is not None:
         dataset = truncate_prompts(dataset, tokenizer, config.dataset.max_prompt_tokens)
+    agree_on_dataset(dataset, config.dataset)
+    require_enough_prompts(dataset.num_rows, grpo_config, config.dataset)
 
     marker = CheckpointMarker()
     stop_on_sigterm = SaveOnTermination(termination)
