@@ -3,7 +3,8 @@
 transformers writes `checkpoint-<step>/` under the output dir; a pod killed mid-save leaves a
 half-written one that has the right name. We only trust a checkpoint that has both
 `trainer_state.json` (written last by transformers' own save) and our marker, which
-`CheckpointMarker` writes after every rank has finished saving.
+`CheckpointMarker` writes after every rank has finished saving, and removes before a save
+writes into a folder that holds an older save of the same step.
 
 Every rank lists the folder itself, and listings of one shared volume can differ between pods
 (a listing that lags, a marker not yet visible). Loading is a collective under DeepSpeed, so
@@ -102,10 +103,27 @@ def agreed_resume_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 class CheckpointMarker(TrainerCallback):
-    """Marks a checkpoint complete once every rank has returned from saving it."""
+    """Marks a checkpoint complete once every rank has returned from saving it, and unmarks a step's folder before a
+    save writes into it again."""
 
     def __init__(self) -> None:
         self.last_checkpoint: Path | None = None
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Before a save (after every callback that decides on one: the flow's schedule, `SaveOnTermination`), rank 0
+        removes the marker of the folder it goes to, then every rank waits for it. The folder exists where a run
+        resumed from an older step than one saved before (the ranks' listings differed): a save killed midway would
+        otherwise leave the old marker on a mix of old and new files, and the next start would resume from it.
+        `should_save` is equal on every rank (step counts, the agreed SIGTERM), so is this barrier."""
+        if control.should_save:
+            assert args.output_dir is not None  # TrainingArguments.__post_init__ fills in a default
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_world_process_zero:
+                (checkpoint / COMPLETE_MARKER).unlink(missing_ok=True)
+            barrier()
+        return control
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
