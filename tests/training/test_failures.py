@@ -46,6 +46,36 @@ def test_classify(exc, reason):
     assert classify(exc).reason == reason
 
 
+def _raised_from(filename: str, exc: Exception) -> Exception:
+    """`exc` raised by a function whose code lives in `filename`."""
+    namespace: dict = {}
+    exec(compile("def fail(exc):\n    raise exc\n", filename, "exec"), namespace)
+    try:
+        namespace["fail"](exc)
+    except Exception as raised:
+        return raised
+    raise AssertionError("not raised")
+
+
+@pytest.mark.parametrize(
+    ("filename", "reason"),
+    [
+        ("/venv/site-packages/vllm/v1/engine/core.py", "VLLMError"),
+        ("/app/training/colocgrpo_training/generation/vllm_engine.py", "VLLMError"),
+        # TRL's trainer subclass is on the path of every step: what passes through it is not vLLM's.
+        ("/app/training/colocgrpo_training/generation/trainer.py", "TrainerError"),
+    ],
+)
+def test_vllm_errors_are_those_raised_in_vllm_or_its_wrapper(filename, reason):
+    assert classify(_raised_from(filename, RuntimeError("something broke"))).reason == reason
+
+
+def test_a_peer_that_ended_in_a_gloo_collective_is_a_collective_failure():
+    lost = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [::1]:1")
+    trainer = "/app/training/colocgrpo_training/generation/trainer.py"
+    assert classify(_raised_from(trainer, lost)).reason == "NCCLTimeout"
+
+
 def test_wrapped_cause_is_classified_by_its_cause():
     try:
         try:

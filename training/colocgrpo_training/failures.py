@@ -64,6 +64,9 @@ _NCCL_TEXT = (
     "timed out waiting for",  # rendezvous / store timeouts
     "distnetworkerror",
     "disttimeouterror",
+    # gloo's transport when a peer's process ended in the middle of a collective
+    "connection closed by peer",
+    "connection reset by peer",
 )
 
 
@@ -149,13 +152,18 @@ def classify(exc: BaseException) -> Failure:
     return Failure(TRAINER_ERROR, text)
 
 
+# The wrapper's code that drives vLLM; `generation/trainer.py`, TRL's trainer subclass, is on the path of every
+# training step, so its frames say nothing about vLLM.
+_ENGINE_WRAPPER = "/colocgrpo_training/generation/vllm_engine.py"
+
+
 def _raised_in_vllm(exc: BaseException) -> bool:
     if type(exc).__module__.split(".")[0] == "vllm":
         return True
     tb = exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-        if "/vllm/" in filename or "/colocgrpo_training/generation/" in filename:
+        if "/vllm/" in filename or filename.endswith(_ENGINE_WRAPPER):
             return True
         tb = tb.tb_next
     return False
