@@ -28,6 +28,7 @@ def test_demo_learn_trains_smollm2_two_steps_through_the_operator(kube_cluster, 
 
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = f"{REPO / 'operator'}:{REPO / 'training'}:{REPO / 'dev'}"
+    env["TMPDIR"] = str(tmp_path)  # the demo's work folder (checkpoints: about 1.6 GB) goes with the test's
     command = [sys.executable, "-m", "colocgrpo_dev", "demo", "--learn", "--max-steps", "2"]
     command += ["--kubeconfig", str(kube_cluster.kubeconfig), "--trainer-python", sys.executable, "--timeout", "720"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
