@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -30,6 +30,7 @@ _KIND_PATHS = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Job": ("/apis/batch/v1", "jobs"),
     "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
     KIND: (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 
@@ -59,6 +60,39 @@ def object_path(kind: str, namespace: str, name: str | None = None, subresource:
     if name:
         path = f"{path}/{name}"
     return f"{path}/{subresource}" if subresource else path
+
+
+def all_namespaces_path(kind: str) -> str:
+    """The API path of every object of `kind` in every namespace (`kubectl get -A`)."""
+    prefix, plural = _KIND_PATHS[kind]
+    return f"{prefix}/{plural}"
+
+
+def interrupt_stream(response: Any) -> None:
+    """End a stream (a watch, a followed log) that another thread is reading: its read returns or
+    raises at once. urllib3 2.3 and later shut the socket down; before, the response is closed. A
+    stream already released to the pool is left alone."""
+    shutdown = getattr(response, "shutdown", None)
+    try:
+        if callable(shutdown):
+            shutdown()
+        else:
+            response.close()
+    except (RuntimeError, ValueError, OSError):
+        pass  # released meanwhile, or the socket is gone already
+
+
+def watch_events(response: Any) -> Iterator[dict[str, Any]]:
+    """The decoded events of an open watch stream as they arrive: `{"type": ADDED|MODIFIED|DELETED|
+    BOOKMARK|ERROR, "object": ...}`; an ERROR's object is a Status (410 Gone: the resource version is
+    too old, list again). A connection cut short raises urllib3's errors, as any request does."""
+    buffer = b""
+    for chunk in response.stream(65536):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
 
 
 class KubeApiError(Exception):
@@ -176,6 +210,29 @@ class KubeApi:
             response.release_conn()
             raise KubeApiError(response.status, response.reason or "", data.decode("utf-8", "replace"))
         return response
+
+    def open_watch(
+        self, path: str, query: Mapping[str, str] | None = None, resource_version: str = "", timeout: int = 60
+    ) -> Any:
+        """Start watching the collection at `path` (narrowed by `query`'s selectors) after
+        `resource_version` (none: the current objects first, as ADDED events), for at most `timeout`
+        seconds: the open response, whose events `watch_events` decodes (release_conn() it when done).
+        Raises KubeApiError when the watch is refused."""
+        params = {**(query or {}), "watch": "true", "timeoutSeconds": str(timeout), "allowWatchBookmarks": "true"}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        return self.stream(path, query=params, read_timeout=timeout + 10)
+
+    def watch(
+        self, path: str, query: Mapping[str, str] | None = None, resource_version: str = "", timeout: int = 60
+    ) -> Iterator[dict[str, Any]]:
+        """The events of `open_watch`'s stream, one at a time, until the API server ends it (after
+        `timeout` seconds); see `watch_events`."""
+        response = self.open_watch(path, query, resource_version, timeout)
+        try:
+            yield from watch_events(response)
+        finally:
+            response.release_conn()
 
     def _send(
         self,
