@@ -193,7 +193,9 @@ ROOMS: dict[str, set[str]] = {
     "controller": {"api", "render", "kube", "metrics", "colocgrpo_training"},
     "kopf_glue": {"api", "kube", "controller", "metrics"},
     "daemon": {"api", "kube", "kopf_glue", "metrics"},
-    "cli": {"api", "render", "kube", "manifest_files", "recipe", "colocgrpo_training"},
+    # The user's Python client: the API, the Kubernetes client and the planner; never the job logic or the glue.
+    "client": {"api", "render", "kube", "colocgrpo_training"},
+    "cli": {"api", "render", "kube", "client", "manifest_files", "recipe", "colocgrpo_training"},
 }
 # kopf, and aiohttp (kopf's HTTP client): only the kopf glue may import them.
 KOPF_ONLY = {"kopf", "aiohttp"}
@@ -251,15 +253,15 @@ def test_each_room_imports_only_the_rooms_below_it():
 def test_the_rooms_table_names_every_folder_of_the_operator():
     # A new folder gets its rules here and in docs/architecture.md, or the test above never looks at it.
     folders = {p.name for p in OPERATOR.iterdir() if (p / "__init__.py").exists()}
-    assert {"kube", "controller", "kopf_glue", "cli"} <= folders
+    assert {"kube", "controller", "kopf_glue", "client", "cli"} <= folders
     assert folders - set(ROOMS) <= {"api", "render"}, folders - set(ROOMS)
 
 
 LIGHT_PROBE = """
 import importlib, json, pkgutil, sys
-import colocgrpo_operator.controller, colocgrpo_operator.kube
+import colocgrpo_operator.client, colocgrpo_operator.controller, colocgrpo_operator.kube
 names = ["colocgrpo_operator.daemon", "colocgrpo_operator.metrics", "colocgrpo_operator.kopf_glue.config"]
-for package in (colocgrpo_operator.controller, colocgrpo_operator.kube):
+for package in (colocgrpo_operator.controller, colocgrpo_operator.kube, colocgrpo_operator.client):
     names += [info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
 for name in names:
     importlib.import_module(name)
@@ -269,10 +271,15 @@ print(json.dumps({"modules": names, "kopf": sorted({m.split(".")[0] for m in sys
 
 def test_the_job_logic_the_client_and_the_daemons_settings_load_no_kopf():
     """Imported whole, in a fresh interpreter, they leave kopf and aiohttp unimported: the daemon reads its
-    flags and credentials before it keeps the official clients out of kopf's way and lets kopf in."""
+    flags and credentials before it keeps the official clients out of kopf's way and lets kopf in, and the
+    user's Python client (client/) needs neither."""
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'training'}")
     result = subprocess.run([sys.executable, "-c", LIGHT_PROBE], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {"colocgrpo_operator.controller.reconciler", "colocgrpo_operator.kube.client"} <= set(report["modules"])
+    assert {
+        "colocgrpo_operator.controller.reconciler",
+        "colocgrpo_operator.kube.client",
+        "colocgrpo_operator.client.jobs",
+    } <= set(report["modules"])
     assert report["kopf"] == []
