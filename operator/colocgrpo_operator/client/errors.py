@@ -48,12 +48,14 @@ class JobFailed(JobFinished):
 
 
 class WaitTimeout(ClientError, TimeoutError):
-    """`wait` gave up: the condition did not become True in time. `state` is the job as last seen."""
+    """`wait` gave up: the condition did not become True in time (or `delete` waited in vain for the job to
+    go). `state` is the job as last seen."""
 
-    def __init__(self, state: JobState, condition: str, timeout: float):
+    def __init__(self, state: JobState, condition: str, timeout: float, message: str | None = None):
         self.state, self.condition, self.timeout = state, condition, timeout
         super().__init__(
-            f"ColocGRPOJob {state.namespace}/{state.name}: {condition} is not True after {timeout:g} s "
+            message
+            or f"ColocGRPOJob {state.namespace}/{state.name}: {condition} is not True after {timeout:g} s "
             f"(phase {state.phase or 'none yet'})"
         )
 

@@ -12,6 +12,7 @@ it.
 
 from __future__ import annotations
 
+import builtins
 import http.client
 import time
 from collections.abc import Iterator, Mapping
@@ -57,6 +58,7 @@ class ColocGRPOClient:
             else $KUBECONFIG, else ~/.kube/config.
         context: the kubeconfig context; default: its current one.
         api: an existing `KubeApi` to use instead (then `kubeconfig` and `context` are ignored).
+        field_manager: the name its writes are recorded under (metadata.managedFields).
 
     Raises `CredentialsError` (`colocgrpo_operator.kube.credentials`) when there are no usable
     credentials. Use it as a context manager, or call `close()`, to close its connections.
@@ -74,9 +76,10 @@ class ColocGRPOClient:
         kubeconfig: str | Path | None = None,
         context: str | None = None,
         api: KubeApi | None = None,
+        field_manager: str = FIELD_MANAGER,
     ):
         self.api = api or KubeApi.from_kubeconfig(
-            str(kubeconfig) if kubeconfig else None, field_manager=FIELD_MANAGER, context=context, pool_size=POOL_SIZE
+            str(kubeconfig) if kubeconfig else None, field_manager=field_manager, context=context, pool_size=POOL_SIZE
         )
         self.namespace = namespace or self.api.credentials.namespace or "default"
 
@@ -124,7 +127,7 @@ class ColocGRPOClient:
         metadata["namespace"] = target
         body["metadata"] = {key: value for key, value in metadata.items() if value not in ({}, None)}
         body.pop("status", None)
-        query = {"fieldManager": FIELD_MANAGER, **({"dryRun": "All"} if dry_run else {})}
+        query = {"fieldManager": self.api.field_manager, **({"dryRun": "All"} if dry_run else {})}
         return JobState(self.api.request("POST", self._path(target), body=body, query=query) or {})
 
     def get(self, name: str, namespace: str | None = None) -> JobState:
@@ -189,7 +192,8 @@ class ColocGRPOClient:
                 pass
             else:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise WaitTimeout(current, "deleted", timeout or 0)
+                    message = f"ColocGRPOJob {ns}/{name} is still being deleted after {timeout or 0:g} s"
+                    raise WaitTimeout(current, "deleted", timeout or 0, message)
         return current
 
     def suspend(self, name: str, namespace: str | None = None) -> bool:
@@ -225,7 +229,7 @@ class ColocGRPOClient:
                 "PATCH",
                 self._path(state.namespace, name),
                 body=patch,
-                query={"fieldManager": FIELD_MANAGER},
+                query={"fieldManager": self.api.field_manager},
                 content_type="application/merge-patch+json",
             )
         except KubeApiError as error:
@@ -330,7 +334,7 @@ class ColocGRPOClient:
 
     # -- what describe shows ------------------------------------------------------------------
 
-    def events(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    def events(self, name: str, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
         """The Events (core/v1) about the job, oldest first. Raises JobNotFound."""
         state = self.get(name, namespace)
         listing = (
@@ -344,7 +348,7 @@ class ColocGRPOClient:
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
         return sorted(items, key=_event_time)
 
-    def pods(self, name: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    def pods(self, name: str, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
         """The job's pods (every gang's that still exists), by rank and then age."""
         listing = self.api.list_objects("Pod", self._ns(namespace), f"{JOB_NAME_LABEL}={name}")
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
@@ -434,16 +438,20 @@ class ColocGRPOClient:
         return KubeApi(self.api.credentials, self.api.field_manager, pool_size=max(streams, 1) + 1, timeout=30)
 
 
-def _event_time(event: Mapping[str, Any]) -> str:
+def _event_time(event: Mapping[str, Any]) -> tuple[str, int]:
+    """When the Event last happened, then the order the API server stored it in (times have whole seconds)."""
     series = event.get("series") or {}
-    return str(
+    meta = event.get("metadata") or {}
+    when = str(
         event.get("lastTimestamp")
         or series.get("lastObservedTime")
         or event.get("eventTime")
         or event.get("firstTimestamp")
-        or (event.get("metadata") or {}).get("creationTimestamp")
+        or meta.get("creationTimestamp")
         or ""
     )
+    version = str(meta.get("resourceVersion") or "")
+    return when, int(version) if version.isdigit() else 0
 
 
 def _rank_then_age(pod: Mapping[str, Any]) -> tuple[bool, int, str]:

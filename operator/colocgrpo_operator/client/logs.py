@@ -41,10 +41,7 @@ STARTED_PHASES = frozenset({"Running", "Succeeded", "Failed"})
 def rank_of(pod: Mapping[str, Any]) -> int | None:
     """The pod's completion index (its node rank), or None when it has none."""
     value = ((pod.get("metadata") or {}).get("labels") or {}).get(COMPLETION_INDEX_KEY)
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _newest_first_key(pod: Mapping[str, Any]) -> tuple[bool, str]:
@@ -150,7 +147,7 @@ def read_all(
     """Every rank's log read in full (or its last `tail` lines), merged in time order."""
     query = log_query(follow=False, tail=tail, timestamps=True)
 
-    def read(item: tuple[int, Mapping[str, Any]]) -> tuple[tuple[int, str], list[str]]:
+    def read(item: tuple[int, Mapping[str, Any]]) -> tuple[tuple[int | None, str], list[str]]:
         rank, pod = item
         return (rank, pod_name(pod)), list(stream_log(api, namespace, pod_name(pod), query))
 
