@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from rich.console import Console
 
-from colocgrpo_operator.cli.logs import pick_pod
 from colocgrpo_operator.cli.watch import render_view
 from colocgrpo_operator.controller.reconciler import Reconciler, _status_patch
 from colocgrpo_operator.controller.scheduling import PredecessorPending
@@ -307,28 +306,6 @@ def test_watch_view_shows_phase_step_reward_and_conditions():
     text = console.export_text()
     for expected in ("ns/demo", "Running", "step 5/10", "reward 0.625", "Stalled", "restarts 1"):
         assert expected in text, (expected, text)
-
-
-def test_logs_picks_the_newest_live_pod_of_the_rank():
-    def pod(name, index, created, deleting=False):
-        meta = {
-            "name": name,
-            "creationTimestamp": created,
-            "labels": {"batch.kubernetes.io/job-completion-index": str(index)},
-        }
-        if deleting:
-            meta["deletionTimestamp"] = "2026-01-01T00:00:09Z"
-        return {"metadata": meta}
-
-    pods = [
-        pod("old", 1, "2026-01-01T00:00:01Z"),
-        pod("new", 1, "2026-01-01T00:00:05Z"),
-        pod("dying", 1, "2026-01-01T00:00:08Z", deleting=True),
-        pod("zero", 0, "2026-01-01T00:00:02Z"),
-    ]
-    assert pick_pod(pods, 1)["metadata"]["name"] == "new"
-    assert pick_pod(pods, 0)["metadata"]["name"] == "zero"
-    assert pick_pod(pods, 2) is None
 
 
 def test_ttl_deadline_derives_from_the_recorded_completion_time():

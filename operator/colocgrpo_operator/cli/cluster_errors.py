@@ -1,11 +1,12 @@
-"""The cluster-facing commands' flags (`--kubeconfig`, `--context`, `-n`, as kubectl names them) and
-one clean line, not a traceback, when such a command cannot use the cluster.
+"""The cluster-facing commands' flags (`--kubeconfig`, `--context`, `-n`, as kubectl names them), the
+Python client they all use (`connect`), and one clean line, not a traceback, when such a command
+cannot use the cluster or the job is not there.
 
 A user with no kubeconfig, a malformed one, a failing exec plugin, the wrong context or a
 stopped cluster otherwise meets a urllib3 traceback. Commands that talk to the API server wrap their
 handler with `reports_cluster_errors`; these failures then exit 1, as kubectl's do, with a line
-that says what to check. A job that does not exist exits 1 too (`EXIT_NOT_FOUND`); 2 is left to
-usage errors, which argparse reports.
+that says what to check. The client's own errors (a job that does not exist, a job that has ended)
+exit 1 too, with the client's line; 2 is left to usage errors, which argparse reports.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import argparse
 
-    from colocgrpo_operator.kube.client import KubeApi
+    from colocgrpo_operator.client import ColocGRPOClient
 
 # As kubectl: 1 for a refused or failed request and for an object that does not exist.
 EXIT_CLUSTER_ERROR = 1
 EXIT_NOT_FOUND = 1
+# Who the command's writes (suspend, resume) are recorded as, in metadata.managedFields.
+FIELD_MANAGER = "colocgrpo-cli"
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,12 +40,16 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
-    """A client for the cluster the flags of `add_cluster_flags` name, and the namespace to look in."""
-    from colocgrpo_operator.kube.client import KubeApi
+def connect(args: argparse.Namespace) -> ColocGRPOClient:
+    """The Python client for the cluster and namespace the flags of `add_cluster_flags` name."""
+    from colocgrpo_operator.client import ColocGRPOClient
 
-    api = KubeApi.from_kubeconfig(args.kubeconfig, field_manager="colocgrpo-cli", context=args.context, pool_size=1)
-    return api, args.namespace or api.credentials.namespace or "default"
+    return ColocGRPOClient(
+        getattr(args, "namespace", None),
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        field_manager=FIELD_MANAGER,
+    )
 
 
 def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str | None:
@@ -75,12 +82,18 @@ def describe_cluster_error(error: BaseException, kubeconfig: str | None) -> str 
 
 
 def reports_cluster_errors(handler: Callable[[Any], int]) -> Callable[[Any], int]:
-    """Wrap a subcommand handler whose args carry `kubeconfig`."""
+    """Wrap a subcommand handler whose args carry `kubeconfig`: a cluster problem or an error of the client's
+    own is one `error:` line and exit 1."""
 
     @functools.wraps(handler)
     def wrapped(args: Any) -> int:
+        from colocgrpo_operator.client import ClientError
+
         try:
             return handler(args)
+        except ClientError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_NOT_FOUND
         except Exception as error:
             line = describe_cluster_error(error, getattr(args, "kubeconfig", None))
             if line is None:

@@ -4,20 +4,18 @@ Exit status: 0 Succeeded, 1 Failed, deleted, not found or the cluster unusable (
 error, 3 --timeout passed. With --once: the job as it stands now, exit 0 (1 when not found).
 `-o json|yaml` prints the ColocGRPOJob object instead of the view: once with --once, else once
 per change (JSON one object after another, YAML one document each).
-Uses a watch stream on the one object (field-selected by name), not polling.
+Uses a watch stream on the one object (field-selected by name), not polling: the Python client's
+`ColocGRPOClient.watch`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import time
-from collections.abc import Iterator
 from typing import Any
 
-from colocgrpo_operator.cli.cluster_errors import EXIT_NOT_FOUND, add_cluster_flags, connect, reports_cluster_errors
+from colocgrpo_operator.cli.cluster_errors import add_cluster_flags, connect, reports_cluster_errors
 from colocgrpo_operator.cli.output import add_output_flag, format_object
 
 TERMINAL = {"Succeeded": 0, "Failed": 1}
@@ -157,101 +155,60 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from colocgrpo_operator.kube.client import KIND, KubeApiError, object_path
+    from colocgrpo_operator.client import JobDeleted
 
-    api, namespace = connect(args)
+    client = connect(args)
     console = Console(stderr=False)
-    deadline = time.monotonic() + args.timeout if args.timeout else None
     try:
-        obj = api.request("GET", object_path(KIND, namespace, args.name)) or {}
-    except KubeApiError as error:
-        if error.status == 404:
-            print(f"error: ColocGRPOJob {namespace}/{args.name} not found", file=sys.stderr)
-            api.close()
-            return EXIT_NOT_FOUND
-        raise
-    if args.once:
-        api.close()
-        if args.output:
-            sys.stdout.write(format_object(obj, args.output))
-        elif args.plain:
-            print(_plain_line(obj))
-        else:
-            console.print(render_view(obj))
-        return 0
+        if args.once:
+            obj = dict(client.get(args.name).object)
+            if args.output:
+                sys.stdout.write(format_object(obj, args.output))
+            elif args.plain:
+                print(_plain_line(obj))
+            else:
+                console.print(render_view(obj))
+            return 0
 
-    def finished(current: dict[str, Any]) -> int | None:
-        return TERMINAL.get((current.get("status") or {}).get("phase", ""))
+        plain = args.plain or args.output is not None or not console.is_terminal
+        live: Live | None = None
+        last_line = None
+        state = None
 
-    plain = args.plain or args.output is not None or not console.is_terminal
-    live = None if plain else Live(render_view(obj), console=console, refresh_per_second=4)
-    last_line = None
+        def show(current: dict[str, Any]) -> None:
+            nonlocal last_line, live
+            if args.output:
+                # YAML: one document per change, each opened by `---`; JSON: one object after another.
+                sys.stdout.write(("---\n" if args.output == "yaml" else "") + format_object(current, args.output))
+                sys.stdout.flush()
+            elif not plain:
+                if live is None:
+                    live = Live(render_view(current), console=console, refresh_per_second=4)
+                    live.start()
+                live.update(render_view(current))
+            else:
+                line = _plain_line(current)
+                if line != last_line:
+                    print(line, flush=True)
+                    last_line = line
 
-    def show(current: dict[str, Any]) -> None:
-        nonlocal last_line
-        if args.output:
-            # YAML: one document per change, each opened by `---`; JSON: one object after another.
-            sys.stdout.write(("---\n" if args.output == "yaml" else "") + format_object(current, args.output))
-            sys.stdout.flush()
-        elif live is not None:
-            live.update(render_view(current))
-        else:
-            line = _plain_line(current)
-            if line != last_line:
-                print(line, flush=True)
-                last_line = line
-
-    if live is not None:
-        live.start()
-    try:
-        show(obj)
-        while finished(obj) is None:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            timeout = int(min(remaining, 60)) + 1 if remaining is not None else 60
-            version = (obj.get("metadata") or {}).get("resourceVersion") or ""
-            for event in _watch_events(api, namespace, args.name, version, timeout):
-                kind = event.get("type")
-                if kind == "ERROR":  # e.g. 410 Gone: the version is too old; read the job again
-                    obj = api.request("GET", object_path(KIND, namespace, args.name)) or obj
+        try:
+            for state in client.watch(args.name, timeout=args.timeout):
+                show(dict(state.object))
+                if state.finished:
                     break
-                if kind == "DELETED":
-                    print(f"\nColocGRPOJob {namespace}/{args.name} was deleted", file=sys.stderr)
-                    return 1
-                obj = event.get("object") or obj
-                show(obj)
-                if finished(obj) is not None or (deadline is not None and time.monotonic() > deadline):
-                    break
+        except JobDeleted as deleted:
+            print(f"\n{deleted}", file=sys.stderr)
+            return 1
+        finally:
+            if live is not None:
+                live.stop()
     finally:
-        if live is not None:
-            live.stop()
-        api.close()
-    code = finished(obj)
-    if code is None:
-        print(f"timed out after {args.timeout:g}s; phase {(obj.get('status') or {}).get('phase')}", file=sys.stderr)
+        client.close()
+    assert state is not None  # watch() yields the job first, or raises
+    if not state.finished:
+        print(f"timed out after {args.timeout:g}s; phase {state.phase}", file=sys.stderr)
         return 3
     if live is None and not args.plain and not args.output:
-        console.print(render_view(obj))
-    return code
-
-
-def _watch_events(api: Any, namespace: str, name: str, version: str, timeout: int) -> Iterator[dict[str, Any]]:
-    """The watch events of one ColocGRPOJob from `version` on, for at most `timeout` seconds
-    (the API server ends the stream then)."""
-    from colocgrpo_operator.kube.client import KIND, object_path
-
-    query = {"watch": "true", "fieldSelector": f"metadata.name={name}", "timeoutSeconds": str(timeout)}
-    if version:
-        query["resourceVersion"] = version
-    response = api.stream(object_path(KIND, namespace), query=query, read_timeout=timeout + 10)
-    try:
-        buffer = b""
-        for chunk in response.stream(65536):
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-    finally:
-        response.release_conn()
+        console.print(render_view(dict(state.object)))
+    return TERMINAL[state.phase or ""]
