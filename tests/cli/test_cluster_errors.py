@@ -1,5 +1,5 @@
-"""`watch` and `logs` when the cluster cannot be used: one line saying what to check, exit 1 (as kubectl), no
-traceback."""
+"""The cluster verbs (`get`, `describe`, `watch`, `logs`, `suspend`, `resume`, `delete`) when the cluster cannot
+be used: one line saying what to check, exit 1 (as kubectl), no traceback."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from support.cli_runner import run_colocgrpo as colocgrpo
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
+CLUSTER_VERBS = ["get", "describe", "watch", "logs", "suspend", "resume", "delete"]
 
 
 def closed_port() -> int:
@@ -49,14 +50,14 @@ def assert_one_clean_line(result: subprocess.CompletedProcess, *expected: str) -
         assert text in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("command", ["watch", "logs"])
+@pytest.mark.parametrize("command", CLUSTER_VERBS)
 def test_missing_kubeconfig_names_it(tmp_path, command):
     missing = tmp_path / "no-such-kubeconfig"
     result = colocgrpo(command, "job", "--kubeconfig", str(missing))
     assert_one_clean_line(result, f"kubeconfig {missing}", "--kubeconfig")
 
 
-@pytest.mark.parametrize("command", ["watch", "logs"])
+@pytest.mark.parametrize("command", CLUSTER_VERBS)
 def test_unreachable_api_server_names_the_address(tmp_path, command):
     port = closed_port()
     result = colocgrpo(command, "job", "--kubeconfig", str(kubeconfig_for(tmp_path, f"https://127.0.0.1:{port}")))

@@ -15,6 +15,11 @@ EXIT_CODES_IN_HELP = {
     "plan": "Exit 0 when the job fits, 1 when it cannot, 2 on bad input",
     "watch": "0 Succeeded, 1 Failed, deleted, not found or the cluster unusable (as kubectl), 2 a usage error",
     "logs": "1 no such job or no pod of that rank yet",
+    "get": "also when no job matches",
+    "describe": "1 no such job",
+    "suspend": "1 no such job, a job that has ended",
+    "resume": "1 no such job, a job that has ended",
+    "delete": "1 a job that does not exist (unless --ignore-not-found), --timeout passed",
     "from-recipe": "exit 1 when something\ncould not be translated",
 }
 
@@ -39,7 +44,7 @@ def test_exit_codes_are_in_the_help(name):
     assert " ".join(EXIT_CODES_IN_HELP[name].split()) in help_text
 
 
-@pytest.mark.parametrize("name", ["watch", "logs"])
+@pytest.mark.parametrize("name", ["watch", "logs", "describe", "suspend", "resume"])
 def test_job_name_argument_is_explained(name):
     name_action = next(a for a in _subparsers()[name]._actions if a.dest == "name")
     assert name_action.help and "metadata.name" in name_action.help
@@ -77,7 +82,7 @@ def test_moved_commands_are_not_user_subcommands(removed, capsys):
     assert f"invalid choice: '{removed}'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["watch", "logs"])
+@pytest.mark.parametrize("name", ["get", "describe", "watch", "logs", "suspend", "resume", "delete"])
 def test_cluster_commands_take_kubectls_flags(name):
     options = {o for a in _subparsers()[name]._actions for o in a.option_strings}
     assert {"--kubeconfig", "--context", "-n", "--namespace"} <= options
@@ -90,6 +95,7 @@ def test_cluster_commands_take_kubectls_flags(name):
         ("render", ["-f", "j.yaml"]),
         ("validate", ["-f", "j.yaml"]),
         ("watch", ["job", "--once"]),
+        ("get", []),
         ("from-recipe", ["r.yaml"]),
     ],
 )

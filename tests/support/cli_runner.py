@@ -15,7 +15,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # What `colocgrpo --help` lists, in its order: the user's commands only.
-USER_COMMANDS = ["validate", "plan", "render", "from-recipe", "watch", "logs", "crd"]
+USER_COMMANDS = [
+    "validate",
+    "plan",
+    "render",
+    "from-recipe",
+    "get",
+    "describe",
+    "watch",
+    "logs",
+    "suspend",
+    "resume",
+    "delete",
+    "crd",
+]
 
 # The module behind each console script, run with this interpreter so this checkout's code is what runs.
 PROGRAMS = {"colocgrpo": "colocgrpo_operator.cli", "colocgrpo-operator": "colocgrpo_operator"}

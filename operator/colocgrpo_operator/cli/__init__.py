@@ -23,8 +23,12 @@ SUBCOMMAND_MODULES: list[str] = [
     "plan",
     "render",
     "from_recipe",
+    "get",
+    "describe",
     "watch",
     "logs",
+    "suspend",  # suspend and resume
+    "delete",
     "crd",
 ]
 

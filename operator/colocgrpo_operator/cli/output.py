@@ -1,4 +1,5 @@
-"""`-o json|yaml`: a command's object printed for programs, as kubectl's `-o` prints it.
+"""`-o json|yaml`: a command's object printed for programs, as kubectl's `-o` prints it; and the tables
+printed for people, set as kubectl sets them.
 
 JSON is indented and ends with a newline; YAML is one document. Several Kubernetes objects are
 printed as one `v1 List` (what `kubectl get -o json` prints for several, and what `kubectl apply -f`
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 OUTPUT_FORMATS = ("json", "yaml")
@@ -33,3 +35,14 @@ def format_object(obj: Any, output: str) -> str:
     from colocgrpo_operator.manifest_files import dump_documents
 
     return dump_documents([obj])
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    """Rows in columns as kubectl's tab writer sets them: each column as wide as its widest cell plus 3
+    spaces, at least 6; the last column not padded. Pure."""
+    widths = [max(6, max(len(str(cell)) for cell in column) + 3) for column in zip(header, *rows, strict=True)]
+    lines = []
+    for cells in (header, *rows):
+        padded = "".join(str(cell).ljust(width) for cell, width in zip(cells[:-1], widths[:-1], strict=True))
+        lines.append((padded + str(cells[-1])).rstrip())
+    return "\n".join(lines) + "\n"
