@@ -20,6 +20,7 @@ EXIT_CODES_IN_HELP = {
     "suspend": "1 no such job, a job that has ended",
     "resume": "1 no such job, a job that has ended",
     "delete": "1 a job that does not exist (unless --ignore-not-found), --timeout passed",
+    "completion": "2 a usage error (an unknown shell)",
     "from-recipe": "exit 1 when something\ncould not be translated",
 }
 

@@ -1,5 +1,6 @@
 """`kubectl colocgrpo` get, describe, suspend, resume, delete and `logs --all -f`, run by the real kubectl
-against the real local control plane and the operator. kubectl finds the plugin on PATH, in this interpreter's bin
+against the real local control plane and the operator, and `kubectl colocgrpo <TAB>` through kubectl's
+own completion. kubectl finds the plugin (and its completion program) on PATH, in this interpreter's bin
 folder, as tests/cli/test_kubectl_plugin.py explains; fake pods are driven as the operator tests drive
 them."""
 
@@ -27,7 +28,7 @@ BIN = Path(sys.executable).parent
 
 
 def plugin_env(kube_cluster) -> dict[str, str]:
-    for program in ("kubectl-colocgrpo",):
+    for program in ("kubectl-colocgrpo", "kubectl_complete-colocgrpo"):
         assert (BIN / program).is_file(), f"{BIN / program} is not installed: reinstall the venv (`make dev-venv`)"
     return dict(
         os.environ,
@@ -251,3 +252,23 @@ def test_logs_all_interleaves_every_rank_and_follows_a_restarted_gang(cluster, k
     for rank, pod in enumerate(second):
         assert f"[rank {rank}] --- following pod {pod['metadata']['name']}, a new pod of rank {rank}" in notices
     assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in out.lines), out.lines
+
+
+def test_kubectl_completes_the_plugins_verbs_flags_and_job_names(cluster, kube_cluster, operator, op_namespace):
+    ns = op_namespace
+    cluster.create_job(ns, tiny_job("completable", runPolicy={"suspend": True}))
+
+    def candidates(*words: str) -> tuple[list[str], str]:
+        result = kubectl(kube_cluster, "__complete", "colocgrpo", *words)
+        assert result.returncode == 0, result.stderr
+        *lines, directive = result.stdout.strip().splitlines()
+        return [line.split("\t")[0] for line in lines], directive
+
+    verbs, directive = candidates("")
+    assert {"get", "describe", "suspend", "resume", "delete", "logs", "completion"} <= set(verbs)
+    assert directive == ":4"
+    assert candidates("des")[0] == ["describe"]
+    assert candidates("describe", "-n", ns, "")[0] == ["completable"]
+    assert candidates("get", "-n", ns, "--output=")[0] == ["--output=json", "--output=yaml", "--output=wide"]
+    assert ns in candidates("get", "-n", "opt-")[0]
+    assert "--all-namespaces" in candidates("get", "--all")[0]

@@ -28,6 +28,7 @@ USER_COMMANDS = [
     "resume",
     "delete",
     "crd",
+    "completion",
 ]
 
 # The module behind each console script, run with this interpreter so this checkout's code is what runs.
