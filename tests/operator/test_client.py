@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +117,34 @@ def test_submit_wait_and_follow_the_progress_of_a_typed_job(client, cluster, kub
         return {str(event.get("reason")) for event in client.events("typed")}
 
     wait_for(lambda: {"Running", "Succeeded"} <= event_reasons(), 15, "the job's Running and Succeeded Events")
+
+
+@pytest.mark.slow
+def test_following_a_job_outlasts_an_api_server_restart(client, cluster, kube_cluster, operator, op_namespace):
+    """A notebook's long follow survives a control-plane restart: the cut watch is read again once the API
+    server is back, and the job's outcome still arrives."""
+    from colocgrpo_dev.cluster.cluster import has_component, restart_component
+
+    kubeconfig = Path(kube_cluster.kubeconfig)
+    if not has_component(kubeconfig, "kube-apiserver"):
+        pytest.skip("restarting the API server needs a `colocgrpo-dev cluster` (COLOCGRPO_KUBECONFIG is another)")
+    client.submit(tiny_job("patient"))
+    pod = running_pod(cluster, op_namespace, "patient")
+    following = Collector(client.progress("patient", timeout=300))
+    following.until(lambda seen: seen and seen[-1].phase == "Running", 30, "the job followed, Running")
+    restart_component(kubeconfig, "kube-apiserver")
+    wait_for(lambda: _answers(cluster, op_namespace), 120, "the API server back")
+    drive_pod_success(kube_cluster.core_v1, op_namespace, pod["metadata"]["name"])
+    seen = following.finish(240)
+    assert seen[-1].finished and seen[-1].phase == "Succeeded"
+    assert client.wait("patient", "Succeeded", timeout=30).phase == "Succeeded"
+
+
+def _answers(cluster, namespace: str) -> bool:
+    try:
+        return cluster.get_job(namespace, "patient") is not None
+    except Exception:  # refused, reset, 503 while it starts
+        return False
 
 
 def test_an_invalid_job_is_refused_before_it_is_sent(client, cluster, op_namespace):

@@ -6,8 +6,8 @@ named, $KUBECONFIG, ~/.kube/config) at a context (the one named, else its curren
 
 Waiting and following use watches, not polling: `watch` reads the job once, then one watch stream
 on that one object (field-selected by name), started again from the last resourceVersion every
-minute, after a 410 Gone or a cut connection. `wait`, `progress` and `delete(wait=True)` are built on
-it.
+minute, after a 410 Gone or a cut connection (an API server that is restarting is asked again for up
+to five minutes). `wait`, `progress` and `delete(wait=True)` are built on it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from colocgrpo_operator.client.errors import (
 from colocgrpo_operator.client.logs import GangLogs, log_query, pick_pod, pods_by_rank, rank_of, read_all, stream_log
 from colocgrpo_operator.client.views import JobState, LogLine, Progress
 from colocgrpo_operator.kube.client import KubeApi, KubeApiError, all_namespaces_path, object_path
+from colocgrpo_operator.kube.transient import is_transient
 
 if TYPE_CHECKING:
     from colocgrpo_training.planner.plan import MemoryPlan
@@ -42,6 +43,8 @@ FIELD_MANAGER = "colocgrpo-client"
 WATCH_REQUEST_SECONDS = 60
 # Connections of a client: one for requests, one for a watch or a log stream at a time.
 POOL_SIZE = 4
+# How long a watch that was cut keeps asking an API server that does not answer (restarting, shedding load).
+OUTAGE_SECONDS = 300.0
 
 
 def _conditions() -> set[str]:
@@ -278,11 +281,25 @@ class ColocGRPOClient:
             except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError):
                 version = ""  # the stream was cut (the API server restarted): read the job again below
             if not version:
-                fresh = self.get(name, ns)
+                fresh = self._get_through_outage(name, ns)
                 if fresh.resource_version != state.resource_version:
                     state = fresh
                     yield state
                 version = fresh.resource_version
+
+    def _get_through_outage(self, name: str, namespace: str) -> JobState:
+        """The job, read again after a watch was cut: an API server that is restarting or shedding load is
+        asked again, with a growing pause, for up to OUTAGE_SECONDS before its error is raised."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return self.get(name, namespace)
+            except Exception as error:
+                if not is_transient(error) or time.monotonic() - started > OUTAGE_SECONDS:
+                    raise
+            attempt += 1
+            time.sleep(min(0.25 * 2**attempt, 5.0))
 
     def wait(
         self, name: str, condition: str = "Succeeded", timeout: float | None = None, namespace: str | None = None
