@@ -27,6 +27,7 @@ from typing import Any
 from colocgrpo_operator.api import COMPLETION_INDEX_KEY, JOB_NAME_LABEL, KIND
 from colocgrpo_operator.client.views import TERMINAL_PHASES, LogLine
 from colocgrpo_operator.kube.client import KubeApi, KubeApiError, interrupt_stream, object_path, watch_events
+from colocgrpo_operator.kube.transient import is_transient
 
 TRAINER_CONTAINER = "trainer"
 # How long a followed stream may stay open after its pod ended, or after the job ended, before it is
@@ -34,6 +35,8 @@ TRAINER_CONTAINER = "trainer"
 END_GRACE_SECONDS = 3.0
 # Each watch asks the API server for a stream of at most this long, then watches again.
 WATCH_SECONDS = 50
+# How long the watches keep asking an API server that does not answer (restarting, shedding load).
+OUTAGE_SECONDS = 300.0
 # Pod phases in which the trainer container has started, so it has a log to read.
 STARTED_PHASES = frozenset({"Running", "Succeeded", "Failed"})
 
@@ -221,12 +224,12 @@ class GangLogs:
 
     def _watch(self, what: str, path: str, query: dict[str, str]) -> None:
         """List, then watch, the objects at `path`: a ("list", what, items) message, then an ("event", what,
-        type, object) message per change, until stopped. A 410 or a cut connection lists again; a refusal
-        is an ("error", error) message."""
+        type, object) message per change, until stopped. A 410 or a cut connection lists again, an API server
+        that does not answer is asked again for up to OUTAGE_SECONDS; a refusal is an ("error", error) message."""
         stream = _Stream()
         self.streams.append(stream)
         version = ""
-        failures = 0
+        failures, failing_since = 0, None
         while not self.stopping.is_set():
             try:
                 if not version:
@@ -247,22 +250,20 @@ class GangLogs:
                             self.messages.put(("event", what, kind, obj))
                 finally:
                     self._release(stream, response)
-                failures = 0
-            except KubeApiError as error:
-                if error.status == 410:
-                    version = ""
-                    continue
-                self.messages.put(("error", error))
-                return
-            except Exception as error:  # a cut connection, the API server restarting, or interrupted
+            except Exception as error:  # refused, a cut connection, the API server restarting, or interrupted
                 if self.stopping.is_set():
                     return
-                failures += 1
-                if failures > 5:
+                version = ""
+                if isinstance(error, KubeApiError) and error.status == 410:
+                    continue  # the version is too old: list again
+                failing_since = failing_since or time.monotonic()
+                if not is_transient(error) or time.monotonic() - failing_since > OUTAGE_SECONDS:
                     self.messages.put(("error", error))
                     return
-                version = ""
-                self.stopping.wait(min(2.0**failures / 4, 5.0))
+                failures += 1
+                self.stopping.wait(min(0.25 * 2.0**failures, 5.0))
+                continue
+            failures, failing_since = 0, None
 
     def _follow(self, follower: _Follower) -> None:
         """Stream one pod's log into the messages, then an ("ended", uid) message."""
