@@ -102,7 +102,7 @@ def test_submit_wait_and_follow_the_progress_of_a_typed_job(client, cluster, kub
             "lastUpdateTime": f"2026-01-01T00:0{step}:00Z",
         }
         cluster.patch_job(ns, "typed", {"status": {"progress": report}}, subresource="status")
-        progress.until(lambda seen, step=step: any(p.step == step for p in seen), 30, f"step {step} seen")
+        progress.until(lambda seen, step=step: any(p.step == step for p in seen), 60, f"step {step} seen")
     drive_pod_success(kube_cluster.core_v1, ns, running.status["rank0Pod"])
     done = client.wait("typed", "Succeeded", timeout=60)
     assert done.phase == "Succeeded" and (done.step, done.reward) == (2, 0.5)
@@ -116,7 +116,7 @@ def test_submit_wait_and_follow_the_progress_of_a_typed_job(client, cluster, kub
     def event_reasons() -> set[str]:
         return {str(event.get("reason")) for event in client.events("typed")}
 
-    wait_for(lambda: {"Running", "Succeeded"} <= event_reasons(), 15, "the job's Running and Succeeded Events")
+    wait_for(lambda: {"Running", "Succeeded"} <= event_reasons(), 30, "the job's Running and Succeeded Events")
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def test_following_a_job_outlasts_an_api_server_restart(client, cluster, kube_cl
     client.submit(tiny_job("patient"))
     pod = running_pod(cluster, op_namespace, "patient")
     following = Collector(client.progress("patient", timeout=300))
-    following.until(lambda seen: seen and seen[-1].phase == "Running", 30, "the job followed, Running")
+    following.until(lambda seen: seen and seen[-1].phase == "Running", 60, "the job followed, Running")
     restart_component(kubeconfig, "kube-apiserver")
     wait_for(lambda: _answers(cluster, op_namespace), 120, "the API server back")
     drive_pod_success(kube_cluster.core_v1, op_namespace, pod["metadata"]["name"])
@@ -220,8 +220,8 @@ def test_logs_of_one_rank_and_of_every_rank_in_time_order(client, cluster, kube_
     kube_cluster.set_fake_logs(ns, pods[1], ["r1 first"], container="trainer")
     time.sleep(0.05)
     kube_cluster.set_fake_logs(ns, pods[0], ["r0 second", "r0 third"], container="trainer")
-    wait_for(lambda: list(client.logs("duo", rank=0)) == ["r0 second", "r0 third"], 20, "rank 0's fake log")
-    wait_for(lambda: list(client.logs("duo", rank=1)) == ["r1 first"], 20, "rank 1's fake log")
+    wait_for(lambda: list(client.logs("duo", rank=0)) == ["r0 second", "r0 third"], 60, "rank 0's fake log")
+    wait_for(lambda: list(client.logs("duo", rank=1)) == ["r1 first"], 60, "rank 1's fake log")
     assert list(client.logs("duo", rank=0, tail=1)) == ["r0 third"]
     merged = [(line.rank, line.text) for line in client.all_logs("duo")]
     assert merged == [(1, "r1 first"), (0, "r0 second"), (0, "r0 third")]
@@ -237,14 +237,14 @@ def test_following_every_rank_through_a_gang_restart(client, cluster, kube_clust
         rank: kube_cluster.set_fake_logs(ns, pod["metadata"]["name"], [f"rank {rank} starts"], container="trainer")
         for rank, pod in first.items()
     }
-    wait_for(lambda: list(client.logs("gang", rank=1)) == ["rank 1 starts"], 20, "rank 1's fake log")
-    wait_for(lambda: list(client.logs("gang", rank=0)) == ["rank 0 starts"], 20, "rank 0's fake log")
+    wait_for(lambda: list(client.logs("gang", rank=1)) == ["rank 1 starts"], 60, "rank 1's fake log")
+    wait_for(lambda: list(client.logs("gang", rank=0)) == ["rank 0 starts"], 60, "rank 0's fake log")
 
     follow = Collector(client.all_logs("gang", follow=True))
     texts = lambda seen: [(line.rank, line.text) for line in seen]  # noqa: E731
-    follow.until(lambda seen: {(0, "rank 0 starts"), (1, "rank 1 starts")} <= set(texts(seen)), 30, "both ranks")
+    follow.until(lambda seen: {(0, "rank 0 starts"), (1, "rank 1 starts")} <= set(texts(seen)), 60, "both ranks")
     append_fake_logs(files[1], ["rank 1 step 1"])
-    follow.until(lambda seen: (1, "rank 1 step 1") in texts(seen), 30, "a line appended to rank 1")
+    follow.until(lambda seen: (1, "rank 1 step 1") in texts(seen), 60, "a line appended to rank 1")
 
     # Rank 0 fails: the operator restarts the whole gang; its new pods are followed from their first line.
     drive_pod_failure(kube_cluster.core_v1, ns, first[0]["metadata"]["name"], exit_code=1, message="boom")

@@ -119,7 +119,7 @@ def test_describe_shows_conditions_the_last_failure_events_and_the_plan(
     wait_phase(cluster, ns, "flaky", "Running", operator=operator)
     report_progress(cluster, ns, "flaky", 4, 10, 0.5)
     wait_for(
-        lambda: "Restarting" in plugin(kube_cluster, "describe", "flaky", "-n", ns).stdout, 15, "the Restarting Event"
+        lambda: "Restarting" in plugin(kube_cluster, "describe", "flaky", "-n", ns).stdout, 60, "the Restarting Event"
     )
 
     text = plugin(kube_cluster, "describe", "flaky", "-n", ns).stdout
@@ -186,7 +186,7 @@ def test_suspend_resume_and_delete(cluster, kube_cluster, operator, op_namespace
     cluster.create_job(ns, tiny_job("quick"))
     quick = plugin(kube_cluster, "delete", "quick", "-n", ns, "--wait=false")
     assert quick.returncode == 0 and '"quick" deleted' in quick.stdout
-    wait_for(lambda: cluster.get_job(ns, "quick") is None, 30, "quick gone")
+    wait_for(lambda: cluster.get_job(ns, "quick") is None, 60, "quick gone")
     assert plugin(kube_cluster, "resume", "quick", "-n", ns).returncode == 1
 
 
@@ -216,7 +216,7 @@ def test_logs_all_interleaves_every_rank_and_follows_a_restarted_gang(cluster, k
             sorted(plugin(kube_cluster, "logs", "gang", "--all", "-n", ns).stdout.splitlines())
             == ["[rank 0] rank 0 step 1", "[rank 1] rank 1 step 1"]
         ),
-        30,
+        60,
         "both ranks' fake logs, prefixed",
     )
 
@@ -229,7 +229,7 @@ def test_logs_all_interleaves_every_rank_and_follows_a_restarted_gang(cluster, k
     )
     try:
         out, err = Output(follow.stdout), Output(follow.stderr)
-        wait_for(lambda: {"[rank 0] rank 0 step 1", "[rank 1] rank 1 step 1"} <= set(out.lines), 30, "both ranks")
+        wait_for(lambda: {"[rank 0] rank 0 step 1", "[rank 1] rank 1 step 1"} <= set(out.lines), 60, "both ranks")
         drive_pod_failure(kube_cluster.core_v1, ns, first[0]["metadata"]["name"], exit_code=1, message="boom")
         second = [
             running_pod(cluster, ns, "gang", index=rank, exclude_uid=first[rank]["metadata"]["uid"], timeout=60)
