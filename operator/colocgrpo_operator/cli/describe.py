@@ -207,12 +207,17 @@ def describe(
 
 def plan_text(client: Any, name: str, gpu_memory_gib: float | None) -> list[str]:
     """The planner's lines for the job's spec, or one line saying why it cannot plan it."""
+    from colocgrpo_operator.client import ClientError
     from colocgrpo_training.planner import PlanInputError
 
     try:
         return client.plan(name, gpu_memory_gib=gpu_memory_gib).lines()
     except PlanInputError as error:
         return [f"cannot plan: {error.field}: {error.message}"]
+    except ClientError:
+        raise
+    except Exception as error:  # the planner's own failure must not hide the rest of the description
+        return [f"cannot plan: the planner failed: {error!r}"]
 
 
 @reports_cluster_errors
