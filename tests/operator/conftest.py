@@ -44,7 +44,10 @@ def op_namespace(kube_cluster, operator, request) -> Iterator[str]:
     yield name
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
+        from colocgrpo_dev.cluster.diagnose import snapshot
+
         print(f"--- operator log (tail) ---\n{operator.log_tail()}")
+        print(snapshot(kube_cluster.kubeconfig, name))
     kube_cluster.delete_namespace(name)
 
 

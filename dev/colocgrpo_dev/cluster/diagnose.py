@@ -1,0 +1,111 @@
+"""What the cluster looked like when a test failed: the namespace's pods, the nodes' load, and the errors
+the scheduler and KWOK logged. Printed by the test suites' failure hooks, so that a failure on a CI
+machine (whose cluster is gone afterwards) says whether a pod was unscheduled, unplayed by KWOK or
+never created."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from colocgrpo_dev.cluster.binaries import kubectl_path
+
+COMPONENT_LOGS = ("kwok-controller", "kube-scheduler", "kube-controller-manager")
+
+
+def snapshot(kubeconfig: Path, namespace: str, log_lines: int = 15) -> str:
+    """A readable report of `namespace`'s pods and events, every node's pod count and Ready condition, and
+    the last `log_lines` error lines of each component this `colocgrpo-dev cluster` keeps a log of. Never
+    raises: what could not be read says why instead."""
+    parts = [_pods(kubeconfig, namespace), _events(kubeconfig, namespace), _nodes(kubeconfig)]
+    folder = Path(kubeconfig).resolve().parent / "logs"
+    for component in COMPONENT_LOGS:
+        parts.append(_log_errors(folder / f"{component}.log", log_lines))
+    return "\n".join(part for part in parts if part)
+
+
+def _get(kubeconfig: Path, *args: str) -> dict[str, Any] | str:
+    try:
+        result = subprocess.run(
+            [str(kubectl_path()), f"--kubeconfig={kubeconfig}", "get", *args, "-o", "json", "--request-timeout=10s"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"kubectl get {' '.join(args)}: {error}"
+    if result.returncode != 0:
+        return f"kubectl get {' '.join(args)}: {result.stderr.strip()[:300]}"
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    return parsed
+
+
+def _pods(kubeconfig: Path, namespace: str) -> str:
+    listing = _get(kubeconfig, "pods", "-n", namespace)
+    if isinstance(listing, str):
+        return f"--- pods in {namespace}: {listing}"
+    lines = [f"--- pods in {namespace} ({len(listing['items'])})"]
+    for pod in listing["items"]:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        conditions = ",".join(
+            f"{c['type']}={c['status']}{'(' + c['reason'] + ')' if c.get('reason') else ''}"
+            for c in status.get("conditions") or []
+        )
+        deleting = f" deleting-since={meta['deletionTimestamp']}" if meta.get("deletionTimestamp") else ""
+        lines.append(
+            f"{meta['name']} phase={status.get('phase')} node={spec.get('nodeName') or '-'} "
+            f"created={meta.get('creationTimestamp')} [{conditions}]{deleting}"
+        )
+    return "\n".join(lines)
+
+
+def _events(kubeconfig: Path, namespace: str, last: int = 15) -> str:
+    listing = _get(kubeconfig, "events", "-n", namespace)
+    if isinstance(listing, str):
+        return f"--- events in {namespace}: {listing}"
+    events = sorted(listing["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")[-last:]
+    lines = [f"--- last {len(events)} events in {namespace}"]
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        lines.append(
+            f"{event.get('lastTimestamp') or event.get('eventTime')} {event.get('type')} {event.get('reason')} "
+            f"{involved.get('kind')}/{involved.get('name')}: {(event.get('message') or '')[:200]}"
+        )
+    return "\n".join(lines)
+
+
+def _nodes(kubeconfig: Path) -> str:
+    nodes = _get(kubeconfig, "nodes")
+    pods = _get(kubeconfig, "pods", "-A")
+    if isinstance(nodes, str) or isinstance(pods, str):
+        return f"--- nodes: {nodes if isinstance(nodes, str) else pods}"
+    per_node = Counter((p.get("spec") or {}).get("nodeName") or "(unscheduled)" for p in pods["items"])
+    deleting = sum(1 for p in pods["items"] if p["metadata"].get("deletionTimestamp"))
+    lines = [f"--- nodes ({len(pods['items'])} pods in the cluster, {deleting} being deleted)"]
+    for node in nodes["items"]:
+        name = node["metadata"]["name"]
+        ready = next((c["status"] for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), "?")
+        allocatable = node["status"].get("allocatable") or {}
+        lines.append(f"{name} Ready={ready} pods={per_node.get(name, 0)}/{allocatable.get('pods', '?')}")
+    if per_node.get("(unscheduled)"):
+        lines.append(f"unscheduled pods: {per_node['(unscheduled)']}")
+    return "\n".join(lines)
+
+
+def _log_errors(path: Path, last: int) -> str:
+    if not path.is_file():
+        return ""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, path.stat().st_size - 2_000_000))
+            tail = log.read().decode(errors="replace").splitlines()
+    except OSError as error:
+        return f"--- {path.name}: {error}"
+    errors = [line[:400] for line in tail if '"level":"ERROR"' in line or line[:1] in ("E", "F")]
+    if not errors:
+        return f"--- {path.name}: no error lines in its last 2 MB"
+    return f"--- {path.name}: last {min(last, len(errors))} of {len(errors)} error lines\n" + "\n".join(errors[-last:])
