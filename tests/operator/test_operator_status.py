@@ -911,6 +911,22 @@ def test_workers_completing_before_the_job_says_complete_are_still_running():
     assert all_done.phase == "Running"
 
 
+def test_a_rank_whose_container_exited_0_before_its_pod_says_succeeded_is_finishing_not_starting():
+    # A real kubelet reports the container's exit before the pod's phase: the rank has finished.
+    exited = pod(1, terminated={"exitCode": 0, "reason": "Completed", "finishedAt": "2026-01-02T03:02:00Z"})
+    running = assess(FACTS, batch_job(), [pod(0), pod(1)], None, NOW)
+    result = assess(FACTS, batch_job(), [pod(0, "Succeeded"), exited], running, NOW)
+    assert result.phase == "Running"
+    assert cond(result.status, "Running")["reason"] == "Finishing"
+    assert result.status["message"].startswith("2/2 workers completed")
+    # An exit that is not 0 is no finished rank.
+    crashed = pod(1, terminated={"exitCode": 3, "reason": "Error", "finishedAt": "2026-01-02T03:02:00Z"})
+    assert (
+        cond(assess(FACTS, batch_job(), [pod(0, "Succeeded"), crashed], running, NOW).status, "Running")["reason"]
+        != "Finishing"
+    )
+
+
 def test_ttl_follows_the_record_and_the_batch_job_never_the_status():
     from colocgrpo_operator.controller.housekeeping import ttl_deadline
 

@@ -33,7 +33,7 @@ from colocgrpo_operator.controller.objects import (
     truncate,
 )
 from colocgrpo_operator.controller.record import Outcome, Record
-from colocgrpo_operator.controller.workers import is_fully_running, waiting_reason, workers_of
+from colocgrpo_operator.controller.workers import has_exited_cleanly, is_fully_running, waiting_reason, workers_of
 
 # Phases as plain strings (the API enum's values), so they compare, hash and format exactly
 # like the strings read back from Kubernetes.
@@ -415,7 +415,7 @@ def assess(
         return status.build(PENDING, "resuming the job", (False, "Resuming", "the batch Job is being resumed"))
 
     running = [p for p in current_pods if is_fully_running(p)]
-    finished = [p for p in current_pods if dig(p, "status", "phase") == "Succeeded"]
+    finished = [p for p in current_pods if has_exited_cleanly(p)]
     if finished and len(running) + len(finished) >= facts.nodes:
         # Ranks exit one by one at the end; until the Job says Complete the gang is finishing.
         message = f"{len(finished)}/{facts.nodes} workers completed" + (
@@ -445,7 +445,7 @@ def assess(
             progressing=progressing,
         )
 
-    waiting = [p for p in current_pods if p not in running and dig(p, "status", "phase") != "Succeeded"]
+    waiting = [p for p in current_pods if p not in running and p not in finished]
     reason, message = waiting_reason(waiting, facts.nodes, len(running))
     if not current_pods:
         reason, message = "WaitingForPods", f"0/{facts.nodes} workers created"

@@ -60,6 +60,19 @@ def is_fully_running(pod: dict[str, Any]) -> bool:
     return all(isinstance(dig(s, "state", "running"), dict) for s in statuses)
 
 
+def has_exited_cleanly(pod: dict[str, Any]) -> bool:
+    """Succeeded, or still reported Running by a kubelet that has seen every container exit 0: between
+    the container's exit and the pod's phase update a real kubelet takes a moment, during which the
+    pod is a finished rank, not one starting."""
+    phase = dig(pod, "status", "phase")
+    if phase == "Succeeded":
+        return True
+    if phase != "Running" or dig(pod, "metadata", "deletionTimestamp"):
+        return False
+    statuses = [s for s in as_list(dig(pod, "status", "containerStatuses")) if isinstance(s, dict)]
+    return bool(statuses) and all(dig(s, "state", "terminated", "exitCode") == 0 for s in statuses)
+
+
 def workers_of(pods: list[dict[str, Any]], gpus_per_node: int) -> dict[str, int]:
     active = [
         p
