@@ -248,6 +248,16 @@ def test_trainer_state_offload_accepted_with_zero3(deepspeed, trainer_args):
     parse_job(minimal_job(deepspeed={"zeroStage": 2}, vllm={"tensorParallelSize": 4, "sleepPolicy": "off"}))
 
 
+@pytest.mark.parametrize("value", ["auto", "off", 1, 4])
+def test_micro_batch_merge_is_auto_off_or_a_factor(value):
+    assert parse_job(minimal_job(training={"microBatchMerge": value})).spec.training.micro_batch_merge == value
+
+
+@pytest.mark.parametrize("value", ["2", "on", 0, -1, True, 1.5, 4096])
+def test_micro_batch_merge_refuses_anything_else(value):
+    assert "spec.training.microBatchMerge" in problems_of(minimal_job(training={"microBatchMerge": value}))
+
+
 @pytest.mark.parametrize("obj", [None, [], "text", 3])
 def test_non_mapping_is_a_clear_error(obj):
     with pytest.raises(JobSpecError):

@@ -73,7 +73,7 @@ def test_seed_job_on_h200s_merges_four_and_a_40_gib_gpu_merges_none():
     small = plan_from_spec(seed_spec(), gpu_memory_gib=40.0).micro_batches
     assert small.factor == 1 and "over" in small.reason
     pinned = seed_spec()
-    pinned["podTemplate"] = {"env": [{"name": "COLOCGRPO_MICRO_BATCH_MERGE", "value": "off"}]}
+    pinned["training"] = {"microBatchMerge": "off"}
     assert plan_from_spec(pinned).micro_batches.factor == 1
 
 

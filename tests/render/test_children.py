@@ -438,6 +438,9 @@ def test_render_trainer_config_maps_every_typed_section():
     assert [r.function for r in config.rewards] == ["accuracy", "format"]
     # The user's trainer arguments, and the collectives' timeout from the progress deadline.
     assert config.grpo == {**job.spec.trainer_args, "ddp_timeout": 1800}
+    assert config.training.micro_batch_merge == "auto"
+    pinned = parse_job(load_example("seed-qwen14b-tp4.yaml", training={"microBatchMerge": 2}))
+    assert render_trainer_config(pinned).training.micro_batch_merge == 2
 
 
 @pytest.mark.parametrize(

@@ -144,6 +144,8 @@ def _trainer_config(workdir, model_dir, modules: list[str], max_steps: int):
 
     import yaml
 
+    from colocgrpo_training.config import CONFIG_VERSION
+
     rewards = workdir / "rewards"
     rewards.mkdir()
     for module in modules:
@@ -151,7 +153,7 @@ def _trainer_config(workdir, model_dir, modules: list[str], max_steps: int):
     data = workdir / "train.jsonl"
     data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?"}) + "\n" for i in range(4)))
     config = {
-        "version": 1,
+        "version": CONFIG_VERSION,
         "job": {"name": "exits", "namespace": "default"},
         "model": {"name_or_path": str(model_dir), "dtype": "float32"},
         "dataset": {"name_or_path": str(data), "max_prompt_tokens": 32},

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from colocgrpo_training.config import CONFIG_VERSION
 from colocgrpo_training.data import DataError
 from colocgrpo_training.failures import (
     EXIT_INVALID_CONFIG,
@@ -146,7 +147,7 @@ def _run_entrypoint(config_text: str, tmp_path, *args: str) -> tuple[subprocess.
 
 def test_invalid_config_names_the_field_and_exits_2(tmp_path):
     bad = (
-        "version: 1\njob: {name: j, namespace: n}\nmodel: {name_or_path: m}\n"
+        f"version: {CONFIG_VERSION}\njob: {{name: j, namespace: n}}\nmodel: {{name_or_path: m}}\n"
         "dataset: {name_or_path: d}\nrewards: [{function: format}]\n"
         "vllm: {enabled: false, gpu_memory_utilization: 1.5}\ncheckpoint: {dir: /tmp/x}\n"
     )
@@ -182,7 +183,8 @@ def test_a_name_the_hub_does_not_know_is_an_invalid_config():
 
 
 MISSING_PATHS = (
-    "version: 1\njob: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}, dtype: float32}}\n"
+    f"version: {CONFIG_VERSION}\n"
+    "job: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}, dtype: float32}}\n"
     "dataset: {{name_or_path: {dataset}}}\nrewards: [{{function: format}}]\n"
     "vllm: {{enabled: false}}\ncheckpoint: {{dir: {checkpoints}}}\n"
     "progress: {{patch_status: false}}\ngrpo: {{per_device_train_batch_size: 2, num_generations: 2}}\n"
@@ -207,7 +209,8 @@ def test_a_missing_model_or_dataset_path_is_an_invalid_config_not_retried(tmp_pa
 
 
 TP_ON_THREE = (
-    "version: 1\njob: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}}}\n"
+    f"version: {CONFIG_VERSION}\n"
+    "job: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}}}\n"
     "dataset: {{name_or_path: {model}/train.jsonl}}\nrewards: [{{function: format}}]\n"
     "vllm: {{tensor_parallel_size: 2}}\ncheckpoint: {{dir: {model}/c}}\n"
 )

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from colocgrpo_training.checkpoints import COMPLETE_MARKER
+from colocgrpo_training.config import CONFIG_VERSION
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -33,7 +34,7 @@ def write_config(workdir: Path, model_dir: Path, *, max_steps: int, save_steps: 
     data = workdir / "train.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     config = {
-        "version": 1,
+        "version": CONFIG_VERSION,
         "job": {"name": "tiny", "namespace": "default"},
         "model": {"name_or_path": str(model_dir), "dtype": "float32"},
         "dataset": {"name_or_path": str(data), "system_prompt": "Answer in <answer> tags.", "max_prompt_tokens": 64},

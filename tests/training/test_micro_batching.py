@@ -6,16 +6,15 @@ import json
 import logging
 
 import pytest
+from pydantic import ValidationError
 
 from colocgrpo_training import micro_batching
-from colocgrpo_training.config import TrainerConfig, VLLMSettings
+from colocgrpo_training.config import TrainerConfig, TrainingSettings, VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.micro_batching import (
-    MERGE_ENV,
     agree_merge,
     deepspeed_settings,
     merge_micro_batches,
-    merge_pin,
     model_config,
 )
 from colocgrpo_training.planner.shapes import PlanInputError
@@ -27,13 +26,12 @@ BENCH_VLLM = VLLMSettings(gpu_memory_utilization=bench_7b.BENCH_UTILIZATION, max
 
 
 def test_merge_pin_values():
-    assert merge_pin({}) == "auto"
-    assert merge_pin({MERGE_ENV: "auto"}) == "auto"
-    assert merge_pin({MERGE_ENV: " OFF "}) == "off"
-    assert merge_pin({MERGE_ENV: "2"}) == 2
+    assert TrainingSettings().micro_batch_merge == "auto"
+    for value in ("auto", "off", 2):
+        assert TrainingSettings(micro_batch_merge=value).micro_batch_merge == value
     for bad in ("0", "-2", "yes", "1.5"):
-        with pytest.raises(InvalidConfigError, match=f"{MERGE_ENV}="):
-            merge_pin({MERGE_ENV: bad})
+        with pytest.raises(ValidationError, match="micro_batch_merge"):
+            TrainingSettings(micro_batch_merge=bad)
 
 
 def one_gpu_deepspeed_file(tmp_path) -> dict[str, str]:
@@ -109,18 +107,18 @@ def test_without_a_gpu_or_with_merging_off_nothing_changes(tmp_path, monkeypatch
     kept, merge = merge_micro_batches(grpo, **common, environ={})
     assert kept == grpo and merge.factor == 1 and merge.reason == "no memory plan: no CUDA device"
     monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: 139.8)
-    kept, merge = merge_micro_batches(grpo, **common, environ={MERGE_ENV: "off"})
-    assert kept == grpo and merge.reason == "merging is off (COLOCGRPO_MICRO_BATCH_MERGE=off)"
+    kept, merge = merge_micro_batches(grpo, **common, pin="off", environ={})
+    assert kept == grpo and merge.reason == "merging is off (spec.training.microBatchMerge: off)"
     # an unplannable process (DeepSpeed on, its file missing) keeps the micro-batch and says why
     kept, merge = merge_micro_batches(grpo, **common, environ={"ACCELERATE_USE_DEEPSPEED": "true"})
     assert kept == grpo and merge.reason.startswith("no memory plan: deepspeed: DeepSpeed is on but")
-    pinned, merge = merge_micro_batches(grpo, **common, environ={MERGE_ENV: "2"})
+    pinned, merge = merge_micro_batches(grpo, **common, pin=2, environ={})
     assert merge.factor == 2 and pinned["per_device_train_batch_size"] == 32
     with pytest.raises(InvalidConfigError, match="would change the step: loss_type bnpo"):
-        merge_micro_batches({**grpo, "loss_type": "bnpo"}, **common, environ={MERGE_ENV: "2"})
+        merge_micro_batches({**grpo, "loss_type": "bnpo"}, **common, pin=2, environ={})
 
 
-def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir, monkeypatch):
+def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir):
     from colocgrpo_training.grpo_args import build_grpo_config
 
     config = TrainerConfig.model_validate(
@@ -141,7 +139,6 @@ def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir, monke
     )
     args = build_grpo_config(config)  # a CPU job: no memory plan, nothing merged
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (4, 2, 2)
-    monkeypatch.setenv(MERGE_ENV, "2")
-    args = build_grpo_config(config)
+    args = build_grpo_config(config.model_copy(update={"training": TrainingSettings(micro_batch_merge=2)}))
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (8, 1, 1)
     assert args.generation_batch_size == 8

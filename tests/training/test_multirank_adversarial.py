@@ -58,6 +58,7 @@ def launch(
     probe: dict[str, str],
     *,
     prompts: int = 16,
+    merge: str = "auto",
 ) -> Launch:
     work = root / name
     work.mkdir(parents=True)
@@ -72,17 +73,14 @@ def launch(
         trainer_args={"learning_rate": 0.05, "seed": 5, "logging_steps": 1, **trainer_args},
         prompts=prompts,
     )
+    job["spec"]["training"] = {"microBatchMerge": merge}
     return launch_probed(job, work, env, probe, world=WORLD, limit_s=LAUNCH_LIMIT_S)
 
 
 def trl_path(probe: dict[str, str]) -> dict[str, str]:
-    """The probe settings of the same job run TRL's own way: no deferral, no merge, TRL's no-grad chunks."""
-    return {
-        **probe,
-        rank_probe.OLD_LOGPS_ENV: f"{ALL}:forward",
-        rank_probe.NO_GRAD_TOKENS_ENV: f"{ALL}:0",
-        "COLOCGRPO_MICRO_BATCH_MERGE": "off",
-    }
+    """The probe settings of the same job run TRL's own way: no deferral, TRL's no-grad chunks (launched with
+    `merge="off"`: no merge either)."""
+    return {**probe, rank_probe.OLD_LOGPS_ENV: f"{ALL}:forward", rank_probe.NO_GRAD_TOKENS_ENV: f"{ALL}:0"}
 
 
 def final_weights(run: Launch) -> dict[str, torch.Tensor]:
@@ -137,7 +135,7 @@ LENGTHS_PROBE = {
 def lengths(root, tiny_model_dir, env) -> dict[str, Launch]:
     return {
         "ours": launch(root, "lengths", tiny_model_dir, env, LENGTHS_ARGS, LENGTHS_PROBE),
-        "trl": launch(root, "lengths-trl", tiny_model_dir, env, LENGTHS_ARGS, trl_path(LENGTHS_PROBE)),
+        "trl": launch(root, "lengths-trl", tiny_model_dir, env, LENGTHS_ARGS, trl_path(LENGTHS_PROBE), merge="off"),
     }
 
 
@@ -179,10 +177,10 @@ EPOCH_PROBE = {rank_probe.LOGPROB_SHIFT_ENV: f"{ALL}:on"}
 
 @pytest.fixture(scope="module")
 def epochs(root, tiny_model_dir, env) -> dict[str, Launch]:
-    def run(name: str, probe: dict[str, str]) -> Launch:
-        return launch(root, name, tiny_model_dir, env, EPOCH_ARGS, probe, prompts=EPOCH_PROMPTS)
+    def run(name: str, probe: dict[str, str], merge: str = "auto") -> Launch:
+        return launch(root, name, tiny_model_dir, env, EPOCH_ARGS, probe, prompts=EPOCH_PROMPTS, merge=merge)
 
-    return {"ours": run("epochs", EPOCH_PROBE), "trl": run("epochs-trl", trl_path(EPOCH_PROBE))}
+    return {"ours": run("epochs", EPOCH_PROBE), "trl": run("epochs-trl", trl_path(EPOCH_PROBE), merge="off")}
 
 
 def test_two_epochs_whose_windows_restart_train_as_trls_own_path(epochs, tiny_model_dir):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # config for every new job, and in a 500-job burst the pure-Python emitter was most of that work.
 YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
-CONFIG_VERSION = 1
+# 2: the gang's shape, DeepSpeed's settings and the micro-batch merge travel here, not in the environment.
+CONFIG_VERSION = 2
 
 
 class _Strict(BaseModel):
@@ -105,6 +106,16 @@ class VLLMSettings(_Strict):
         return self
 
 
+# The micro-batch merge (planner/micro_batches.py): auto, off, or a factor to use as given.
+MergePin = Literal["auto", "off"] | Annotated[int, Field(ge=1)]
+
+
+class TrainingSettings(_Strict):
+    """spec.training: colocgrpo's own training options, beside TRL's (`grpo`)."""
+
+    micro_batch_merge: MergePin = "auto"
+
+
 class CheckpointSettings(_Strict):
     dir: str
     save_steps: int | None = Field(default=None, gt=0)
@@ -128,6 +139,7 @@ class TrainerConfig(_Strict):
     # Where the user's reward ConfigMap is mounted; put on sys.path before resolving rewards.
     reward_modules_dir: str | None = None
     vllm: VLLMSettings
+    training: TrainingSettings = TrainingSettings()
     checkpoint: CheckpointSettings
     progress: ProgressSettings = ProgressSettings()
     # TRL GRPOConfig keyword arguments, in TRL's own names, passed through as-is.

@@ -98,7 +98,7 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
     """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`.
 
     The training micro-batch is merged where the step stays the same and the memory plan allows
-    (micro_batching.py: fewer, larger micro-batches; `COLOCGRPO_MICRO_BATCH_MERGE=off` keeps them as set). A
+    (micro_batching.py: fewer, larger micro-batches; `training.micro_batch_merge: off` keeps them as set). A
     collective in a job of several processes: building the first GRPOConfig starts the process group
     (TrainingArguments sets its device up), over which the ranks agree on the merge (`agree_merge`)."""
     kwargs = grpo_kwargs(config, reward_weights)
@@ -112,6 +112,7 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
             dtype=config.model.dtype,
             vllm=config.vllm,
             max_prompt_tokens=config.dataset.max_prompt_tokens,
+            pin=config.training.micro_batch_merge,
         )
     except InvalidConfigError as err:
         problem = str(err)  # every rank stops with it, after the agreement below

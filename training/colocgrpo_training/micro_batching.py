@@ -12,8 +12,9 @@ reads, none of them in the trainer config:
 - the model's shape: its config.json (a local folder, else the Hugging Face cache or Hub, where the trainer loads
   the model from anyway), else the planner's built-in table by name.
 
-`COLOCGRPO_MICRO_BATCH_MERGE` (set it in `spec.podTemplate.env`): `auto` (default), `off`, or a factor to use as
-given (it must divide gradient_accumulation_steps and steps_per_generation, and the merge must be exact).
+The pin, `training.micro_batch_merge` of the trainer config (`spec.training.microBatchMerge`): `auto` (default), `off`,
+or a factor to use as given (it must divide gradient_accumulation_steps and steps_per_generation, and the merge must
+be exact).
 `COLOCGRPO_GPU_MEMORY_GIB` plans for that much GPU memory instead of the device's (a shared GPU, a MIG slice).
 
 Each rank plans alone, before the process group exists; `agree_merge` then makes the factor every rank's smallest
@@ -32,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from colocgrpo_training.agreement import gather
-from colocgrpo_training.config import VLLMSettings
+from colocgrpo_training.config import MergePin, VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
-from colocgrpo_training.planner.micro_batches import MERGE_ENV, MicroBatchMerge, merge_pin, plan_micro_batches
+from colocgrpo_training.planner.micro_batches import PIN_FIELD, MicroBatchMerge, plan_micro_batches
 from colocgrpo_training.planner.shapes import PlanInputError
 
 log = logging.getLogger("colocgrpo.micro_batches")
@@ -149,11 +150,11 @@ def merge_micro_batches(
     vllm: VLLMSettings,
     max_prompt_tokens: int | None,
     revision: str | None = None,
+    pin: MergePin = "auto",
     environ: Mapping[str, str] = os.environ,
 ) -> tuple[dict[str, Any], MicroBatchMerge]:
     """`grpo` rewritten with the merged micro-batch, and this process's decision (`agree_merge` then makes one
     decision of every rank's)."""
-    pin = merge_pin(environ)
     world = int(environ.get("WORLD_SIZE", "1") or 1)
     local = int(environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
     inputs: PlanInputs | None = None
@@ -184,7 +185,7 @@ def merge_micro_batches(
     try:
         merge = plan_micro_batches(grpo, inputs, world_size=world, model_config=model_json, pin=pin, no_plan_reason=why)
     except ValueError as err:
-        raise InvalidConfigError(f"{MERGE_ENV}: {err}") from err
+        raise InvalidConfigError(f"{PIN_FIELD}: {err}") from err
     return merge.rewrite(grpo), merge
 
 

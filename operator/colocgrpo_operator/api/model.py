@@ -281,6 +281,47 @@ class DeepSpeedSpec(_Spec):
     offload_params: Literal["none", "cpu"] = Field(default="none", description="Offload parameters (ZeRO-3 only).")
 
 
+# How many training micro-batches the trainer may merge into one: auto, off, or a factor.
+MAX_MERGE_FACTOR = 1024
+MERGE_MODES = ("auto", "off")
+MERGE_PATTERN = "^(" + "|".join(MERGE_MODES) + ")$"
+
+
+def _check_merge(value: int | str) -> int | str:
+    if isinstance(value, str) and value not in MERGE_MODES:
+        raise ValueError(f"must be auto, off or a merge factor (an integer from 1), got {value!r}")
+    if isinstance(value, int) and not 1 <= value <= MAX_MERGE_FACTOR:
+        raise ValueError(f"a merge factor must be from 1 to {MAX_MERGE_FACTOR}, got {value}")
+    return value
+
+
+MergeSetting = Annotated[
+    int | str,
+    AfterValidator(_check_merge),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            # JSON Schema applies each to its own kind: the pattern to a string, the bounds to an integer.
+            "pattern": MERGE_PATTERN,
+            "minimum": 1,
+            "maximum": MAX_MERGE_FACTOR,
+        }
+    ),
+]
+
+
+class TrainingSpec(_Spec):
+    """colocgrpo's own training options, beside TRL's trainerArgs."""
+
+    micro_batch_merge: MergeSetting = Field(
+        default="auto",
+        description="Merge k training micro-batches into one where TRL computes the same step: auto (the largest "
+        "k the memory plan leaves room for), off (trainerArgs' micro-batch as set), or k itself (it must divide "
+        "gradient_accumulation_steps and steps_per_generation; memory unchecked).",
+    )
+
+
 class RewardSpec(_Spec):
     """One reward function and its weight."""
 
@@ -590,6 +631,7 @@ class ColocGRPOJobSpec(_Spec):
         default_factory=dict,
         description="TRL GRPOConfig arguments in TRL's own names (snake_case). Keys owned by typed fields are refused.",
     )
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     cache: CacheSpec = Field(default_factory=CacheSpec)
     secrets: SecretsSpec = Field(default_factory=SecretsSpec)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from colocgrpo_operator.api.crd import generate_crd
+from colocgrpo_operator.api.model import QUANTITY_PATTERN
 
 BEGIN = "<!-- BEGIN GENERATED FIELD REFERENCE (colocgrpo crd --reference) -->"
 END = "<!-- END GENERATED FIELD REFERENCE -->"
@@ -17,7 +18,7 @@ END = "<!-- END GENERATED FIELD REFERENCE -->"
 
 def _type_of(node: dict[str, Any]) -> str:
     if node.get("x-kubernetes-int-or-string"):
-        return "quantity"
+        return "quantity" if node.get("pattern") == QUANTITY_PATTERN else "integer or string"
     kind = node.get("type")
     if kind == "array":
         return f"list of {_type_of(node.get('items', {}))}"

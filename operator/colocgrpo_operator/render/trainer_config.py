@@ -11,6 +11,7 @@ from colocgrpo_training.config import (
     ModelSettings,
     RewardSettings,
     TrainerConfig,
+    TrainingSettings,
     VLLMSettings,
 )
 
@@ -48,6 +49,7 @@ def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:
             max_num_seqs=spec.vllm.max_num_seqs,
             offload_trainer_state=spec.vllm.offload_trainer_state,
         ),
+        training=TrainingSettings(micro_batch_merge=spec.training.micro_batch_merge),
         checkpoint=CheckpointSettings(
             dir=spec.checkpoint.path,
             save_steps=spec.checkpoint.save_steps,

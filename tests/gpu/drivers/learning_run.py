@@ -44,6 +44,7 @@ from typing import Any
 
 from bench.child_process import install_stop_handlers, run_child
 from bench.machine_job import EXAMPLE, machine_job
+from colocgrpo_training.config import CONFIG_VERSION
 
 # colocgrpo_training.generation.vllm_engine.FORCE_GATHER_ENV (not imported: that pulls in torch and TRL)
 FORCE_GATHER_ENV = "COLOCGRPO_PUSH_FORCE_GATHER"
@@ -156,7 +157,7 @@ def write_inputs(
     (work / "rewards").mkdir(exist_ok=True)
     (work / "rewards" / "arith_reward.py").write_text(REWARD_MODULE)
     config = {
-        "version": 1,
+        "version": CONFIG_VERSION,
         "job": {"name": f"learn-{policy}", "namespace": "default"},
         "model": {"name_or_path": MODEL, "dtype": dtype},
         "dataset": {"name_or_path": str(work / "data.jsonl")},

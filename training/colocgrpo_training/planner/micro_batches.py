@@ -56,9 +56,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-from colocgrpo_training.failures import InvalidConfigError
+from colocgrpo_training.config import MergePin
 from colocgrpo_training.planner.inputs import PlanInputs
 from colocgrpo_training.planner.plan import TIGHT_HEADROOM_FRACTION, plan_inputs
 
@@ -87,21 +87,8 @@ DEFAULTS: dict[str, Any] = {
 }
 _MOE_KEYS = ("output_router_logits", "num_experts", "num_local_experts", "n_routed_experts")
 
-Pin = Literal["auto", "off"] | int
-# Where a job pins the merge (spec.podTemplate.env): auto (unset), off, or a factor.
-MERGE_ENV = "COLOCGRPO_MICRO_BATCH_MERGE"
-
-
-def merge_pin(environ: Mapping[str, str]) -> Pin:
-    """`COLOCGRPO_MICRO_BATCH_MERGE`: auto (unset), off, or a positive factor; InvalidConfigError otherwise."""
-    value = environ.get(MERGE_ENV, "").strip().lower()
-    if value in ("", "auto"):
-        return "auto"
-    if value == "off":
-        return "off"
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise InvalidConfigError(f"{MERGE_ENV}={value!r}: expected auto, off or a merge factor (1, 2, 4, ...)")
+# Where a job pins the merge, named in the decision's reason.
+PIN_FIELD = "spec.training.microBatchMerge"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +224,7 @@ def plan_micro_batches(
     *,
     world_size: int = 1,
     model_config: Mapping[str, Any] | None = None,
-    pin: Pin = "auto",
+    pin: MergePin = "auto",
     no_plan_reason: str = "no memory plan",
 ) -> MicroBatchMerge:
     """The merge factor for GRPOConfig keyword arguments `grpo`.
@@ -265,7 +252,7 @@ def plan_micro_batches(
         return MicroBatchMerge(k, b, g, s, reason, peaks, limit)
 
     if pin == "off":
-        return decision(1, "merging is off (COLOCGRPO_MICRO_BATCH_MERGE=off)")
+        return decision(1, f"merging is off ({PIN_FIELD}: off)")
     problems = exactness_problems(grpo, model_config)
     if isinstance(pin, int):
         if pin < 1 or pin not in candidates:
@@ -275,7 +262,7 @@ def plan_micro_batches(
             )
         if pin > 1 and problems:
             raise ValueError(f"micro-batch merge factor {pin} would change the step: {'; '.join(problems)}")
-        return decision(pin, f"pinned to {pin} (COLOCGRPO_MICRO_BATCH_MERGE={pin}), memory not checked")
+        return decision(pin, f"pinned to {pin} ({PIN_FIELD}: {pin}), memory not checked")
     if problems:
         return decision(1, "; ".join(problems))
     if len(candidates) == 1:

@@ -20,7 +20,7 @@ from colocgrpo_training.planner import formulas as f
 from colocgrpo_training.planner.inputs import PlanInputs, is_cpu_job, read_inputs
 
 if TYPE_CHECKING:  # micro_batches imports this module
-    from colocgrpo_training.planner.micro_batches import MicroBatchMerge, Pin
+    from colocgrpo_training.planner.micro_batches import MicroBatchMerge
 
 GIB = f.GIB
 # Below this much free memory per GPU a plan that "fits" is flagged as tight: allocator fragmentation and
@@ -495,20 +495,16 @@ def plan_from_spec(
 
 def _micro_batches(spec: Any, inputs: PlanInputs) -> MicroBatchMerge | None:
     """The merge the trainer's processes would agree on for this spec on GPUs of `inputs.gpu_memory_gib`, with the
-    pin a job sets in `spec.podTemplate.env` (COLOCGRPO_MICRO_BATCH_MERGE); None where it cannot be planned."""
-    from colocgrpo_training.failures import InvalidConfigError
-    from colocgrpo_training.planner.micro_batches import MERGE_ENV, merge_pin, plan_micro_batches
+    pin the job sets in `spec.training.microBatchMerge`; None where it cannot be planned."""
+    from colocgrpo_training.planner.micro_batches import plan_micro_batches
 
     data = spec.model_dump(by_alias=True) if hasattr(spec, "model_dump") else spec
     if not isinstance(data, Mapping):
         return None
     grpo = data.get("trainerArgs") or {}
-    env = (data.get("podTemplate") or {}).get("env") or []
-    pin_value = next((str(e.get("value", "")) for e in env if e.get("name") == MERGE_ENV), "")
-    try:
-        pin: Pin = merge_pin({MERGE_ENV: pin_value})
-    except InvalidConfigError:
-        pin = "auto"  # the trainer refuses it, naming the variable; the plan shows what auto would do
+    pin = (data.get("training") or {}).get("microBatchMerge", "auto")
+    if pin not in ("auto", "off") and not (isinstance(pin, int) and not isinstance(pin, bool) and pin >= 1):
+        pin = "auto"  # the API refuses it, naming the field; the plan shows what auto would do
     try:
         return plan_micro_batches(grpo, inputs, world_size=inputs.nodes * inputs.gpus_per_node, pin=pin)
     except ValueError:
