@@ -10,7 +10,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench.grpo.contenders import grpo_kwargs, merges_micro_batches
+from bench.grpo.contenders import deepspeed_choice, grpo_kwargs, merges_micro_batches
 from bench.grpo.prompts import exact_rows, question_rows
 from bench.grpo.sizes import MODEL, SIZES
 from bench.grpo.vllm_counters import GenerateRecorder, PreemptionCounter, kv_cache_tokens
@@ -134,12 +134,13 @@ def worker(
     def reward(completions, **kwargs):
         return [float(len(c[-1]["content"]) % 7) for c in completions]
 
+    zero_stage = 0 if deepspeed_choice(contender) == "none" else 3  # plain and product: ZeRO-3 without offloads
     contender = contender.partition("@")[0]  # the DeepSpeed file was the launcher's business
     merge = None
     policy = "auto" if contender == "trl-best" else contender.removeprefix("ours-").removesuffix("-offload")
     settings = None
     if merges_micro_batches(contender):
-        from colocgrpo_training.config import VLLMSettings
+        from colocgrpo_training.config import DeepSpeedSettings, ResourceSettings, VLLMSettings
         from colocgrpo_training.micro_batching import merge_micro_batches
 
         # ours-auto's settings for trl-best: its merge is the one ours-auto makes in the same run (with sleep on,
@@ -151,14 +152,17 @@ def worker(
             max_model_len=config["max_model_len"],
             offload_trainer_state=contender.endswith("-offload"),
         )
-        # A real job's micro-batch merge (grpo_args.build_grpo_config), on the same facts: this process's GPU,
-        # world size and DeepSpeed file; the size's prompt length, as a job's dataset.maxPromptTokens would say.
+        # A real job's micro-batch merge (grpo_args.build_grpo_config), on the same facts: this process's GPU, the
+        # launch's processes, the ZeRO stage of the DeepSpeed file it runs under; the size's prompt length, as a
+        # job's dataset.maxPromptTokens would say.
         grpo, merge = merge_micro_batches(
             grpo,
             model=model,
             dtype=grpo["model_init_kwargs"]["dtype"],
             vllm=settings,
             max_prompt_tokens=config["prompt_tokens"],
+            resources=ResourceSettings(nodes=1, gpus_per_node=num_processes),
+            deepspeed=DeepSpeedSettings(zero_stage=zero_stage),
         )
         print(f"[bench] {contender}: {merge.message()}", flush=True)
     if contender.startswith("trl-"):

@@ -248,6 +248,14 @@ def test_trainer_state_offload_accepted_with_zero3(deepspeed, trainer_args):
     parse_job(minimal_job(deepspeed={"zeroStage": 2}, vllm={"tensorParallelSize": 4, "sleepPolicy": "off"}))
 
 
+def test_gpu_memory_is_a_positive_number_of_gib():
+    job = parse_job(minimal_job(resources={"gpusPerNode": 8, "gpuMemoryGiB": 79.2}))
+    assert job.spec.resources.gpu_memory_gib == 79.2
+    assert job.to_dict()["spec"]["resources"]["gpuMemoryGiB"] == 79.2
+    for bad in (0, -1, "80", True, 10**6):
+        assert "spec.resources.gpuMemoryGiB" in problems_of(minimal_job(resources={"gpuMemoryGiB": bad}))
+
+
 @pytest.mark.parametrize("value", ["auto", "off", 1, 4])
 def test_micro_batch_merge_is_auto_off_or_a_factor(value):
     assert parse_job(minimal_job(training={"microBatchMerge": value})).spec.training.micro_batch_merge == value

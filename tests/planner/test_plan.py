@@ -300,11 +300,16 @@ def test_bad_parameter_count_names_the_field():
     assert error.value.field == "spec.model.parameterCount"
 
 
-def test_gpu_memory_override_flag_then_annotation_then_default():
+def test_gpu_memory_override_flag_then_spec_then_annotation_then_default():
     job = {"metadata": {"annotations": {GPU_MEMORY_ANNOTATION: "80"}}, "spec": seed_spec()}
     assert plan_job(job).gpu_memory_gib == 80.0
     assert plan_job(job, gpu_memory_gib=94.0).gpu_memory_gib == 94.0
     assert plan_job({"spec": seed_spec()}).gpu_memory_gib == DEFAULT_GPU_MEMORY_GIB
+    # The spec's own field wins over the annotation, the flag over both.
+    job["spec"]["resources"]["gpuMemoryGiB"] = 79.2
+    assert plan_job(job).gpu_memory_gib == 79.2
+    assert plan_job(job, gpu_memory_gib=94.0).gpu_memory_gib == 94.0
+    del job["spec"]["resources"]["gpuMemoryGiB"]
     job["metadata"]["annotations"][GPU_MEMORY_ANNOTATION] = "eighty"
     with pytest.raises(PlanInputError) as error:
         plan_job(job)

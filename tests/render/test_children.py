@@ -439,6 +439,13 @@ def test_render_trainer_config_maps_every_typed_section():
     # The user's trainer arguments, and the collectives' timeout from the progress deadline.
     assert config.grpo == {**job.spec.trainer_args, "ddp_timeout": 1800}
     assert config.training.micro_batch_merge == "auto"
+    # The gang's shape and the ZeRO stage and offloads of its deepspeed.json, for the trainer's memory plan.
+    assert (config.resources.nodes, config.resources.gpus_per_node, config.resources.gpu_memory_gib) == (1, 8, None)
+    assert (config.deepspeed.zero_stage, config.deepspeed.offload_optimizer, config.deepspeed.offload_params) == (
+        job.spec.deepspeed.zero_stage,
+        job.spec.deepspeed.offload_optimizer,
+        job.spec.deepspeed.offload_params,
+    )
     pinned = parse_job(load_example("seed-qwen14b-tp4.yaml", training={"microBatchMerge": 2}))
     assert render_trainer_config(pinned).training.micro_batch_merge == 2
 

@@ -35,6 +35,9 @@ Faults and variants it injects, each for the ranks listed:
                                             allocation that CUDA refuses does
   COLOCGRPO_PROBE_KILL_IN_SAVE="1:checkpoint-2"  SIGKILL to the rank in the middle of saving checkpoint-2: after
                                             its model files, before its optimizer states and trainer_state.json
+  COLOCGRPO_PROBE_GPU_MEMORY="0,1,2:80;3:0.01"  the memory of those ranks' GPU, in GiB, as the micro-batch merge
+                                            reads it (`micro_batching.device_memory_gib`), set when the interpreter
+                                            starts; `;` separates entries; `unreadable` makes reading it fail
 Each injected fault first records a `fault` event with its wall-clock time.
 """
 
@@ -61,6 +64,7 @@ CWD_ENV = "COLOCGRPO_PROBE_CWD"
 LONG_PROMPT_ENV = "COLOCGRPO_PROBE_LONG_PROMPT"
 PINNED_ALLOC_FAILS_ENV = "COLOCGRPO_PROBE_PINNED_ALLOC_FAILS"
 KILL_IN_SAVE_ENV = "COLOCGRPO_PROBE_KILL_IN_SAVE"
+GPU_MEMORY_ENV = "COLOCGRPO_PROBE_GPU_MEMORY"
 # What torch reports when cudaHostAlloc refuses pinned host memory (the caching host allocator's CUDA check).
 PINNED_ALLOC_ERROR = "CUDA error: out of memory (cudaHostAlloc: pinned host memory for the trainer state)"
 # Added to the engine's log-prob of token t: LOGPROB_SHIFTS[t % 3].
@@ -85,8 +89,8 @@ def _for_this_rank(env: str) -> str | None:
 
 
 def apply_rank_environment() -> None:
-    """`RANK_ENV_ENV`'s variables and `CWD_ENV`'s folder for this rank (a worker started by a launcher; the launcher
-    has no RANK)."""
+    """`RANK_ENV_ENV`'s variables, `CWD_ENV`'s folder and `GPU_MEMORY_ENV`'s GPU memory for this rank (a worker
+    started by a launcher; the launcher has no RANK)."""
     if "RANK" not in os.environ:
         return
     for entry in filter(None, os.environ.get(RANK_ENV_ENV, "").split(";")):
@@ -97,6 +101,18 @@ def apply_rank_environment() -> None:
     folder = _for_this_rank(CWD_ENV)
     if folder:
         os.chdir(folder)
+    for entry in filter(None, os.environ.get(GPU_MEMORY_ENV, "").split(";")):
+        ranks, _, value = entry.partition(":")
+        if _rank() in {int(r) for r in ranks.split(",") if r}:
+            from colocgrpo_training import micro_batching
+
+            micro_batching.device_memory_gib = functools.partial(_gpu_memory, value)
+
+
+def _gpu_memory(value: str) -> float:
+    if value == "unreadable":
+        raise RuntimeError("the probe made this GPU's memory unreadable")
+    return float(value)
 
 
 def weights_digest(named: list[tuple[str, Any]]) -> str:

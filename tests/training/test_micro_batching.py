@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 from pydantic import ValidationError
 
 from colocgrpo_training import micro_batching
-from colocgrpo_training.config import TrainerConfig, TrainingSettings, VLLMSettings
-from colocgrpo_training.failures import InvalidConfigError
-from colocgrpo_training.micro_batching import (
-    agree_merge,
-    deepspeed_settings,
-    merge_micro_batches,
-    model_config,
+from colocgrpo_training.config import (
+    DeepSpeedSettings,
+    ResourceSettings,
+    TrainerConfig,
+    TrainingSettings,
+    VLLMSettings,
 )
-from colocgrpo_training.planner.shapes import PlanInputError
+from colocgrpo_training.failures import InvalidConfigError
+from colocgrpo_training.micro_batching import agree_merge, merge_micro_batches, model_config
 from support import bench_7b
 
 pytestmark = pytest.mark.trainer
@@ -34,25 +33,26 @@ def test_merge_pin_values():
             TrainingSettings(micro_batch_merge=bad)
 
 
-def one_gpu_deepspeed_file(tmp_path) -> dict[str, str]:
-    """The environment accelerate gives a process of a one-GPU job: the operator's deepspeed.json."""
+def one_gpu_job() -> TrainerConfig:
+    """The trainer config the operator renders for a one-GPU job: its shape and its deepspeed.json's ZeRO stage."""
     from bench.machine_job import machine_job
-    from colocgrpo_operator.render import deepspeed_config
+    from colocgrpo_operator.render import render_trainer_config
 
-    path = tmp_path / "deepspeed.json"
-    path.write_text(json.dumps(deepspeed_config(machine_job(gpus=1))))
-    return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(path)}
+    return render_trainer_config(machine_job(gpus=1))
 
 
-def test_deepspeed_settings_from_the_file_accelerate_names(tmp_path):
-    assert deepspeed_settings({}) == {"zeroStage": 0}
-    environ = one_gpu_deepspeed_file(tmp_path)
-    assert deepspeed_settings(environ) == {"zeroStage": 3, "offloadOptimizer": "none", "offloadParams": "none"}
-    (tmp_path / "auto.json").write_text(json.dumps({"zero_optimization": {"stage": "auto"}}))
-    with pytest.raises(PlanInputError, match="is not a number"):
-        deepspeed_settings({**environ, "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "auto.json")})
-    with pytest.raises(PlanInputError, match="cannot read"):
-        deepspeed_settings({**environ, "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "missing.json")})
+def test_the_config_carries_what_deepspeed_json_says():
+    from bench.machine_job import machine_job
+    from colocgrpo_operator.render import deepspeed_config, render_trainer_config
+
+    for job in (machine_job(gpus=1), machine_job(gpus=4, offload_trainer_state=True)):
+        zero = deepspeed_config(job)["zero_optimization"]
+        config = render_trainer_config(job)
+        assert config.deepspeed.zero_stage == zero["stage"] == 3
+        assert config.deepspeed.offload_optimizer == zero["offload_optimizer"]["device"] == "none"
+        assert config.deepspeed.offload_params == zero["offload_param"]["device"] == "none"
+        assert config.resources.world_size == job.world_size
+    assert one_gpu_job().resources.world_size == 1
 
 
 def test_model_config_from_a_local_folder(tmp_path):
@@ -62,10 +62,10 @@ def test_model_config_from_a_local_folder(tmp_path):
     assert model_config(str(tmp_path / "absent" / "model")) == (str(tmp_path / "absent" / "model"), None)
 
 
-def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, monkeypatch, caplog):
+def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, caplog):
     # Everything a pod's process reads, but the GPU: its memory is the H200's torch total_memory.
-    monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: 139.8)
-    environ = {**one_gpu_deepspeed_file(tmp_path), "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    job = one_gpu_job()
+    h200 = job.resources.model_copy(update={"gpu_memory_gib": 139.8})
     grpo = {**bench_7b.trainer_args(), "learning_rate": 1e-6}
     with caplog.at_level(logging.INFO, logger="colocgrpo.micro_batches"):
         merged, merge = merge_micro_batches(
@@ -74,7 +74,8 @@ def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, monkeypatch, 
             dtype="bfloat16",
             vllm=BENCH_VLLM,
             max_prompt_tokens=40,
-            environ=environ,
+            resources=h200,
+            deepspeed=job.deepspeed,
         )
         assert agree_merge(merge) is merge  # one process: its own decision, logged
     assert merge.factor == 4
@@ -88,34 +89,41 @@ def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, monkeypatch, 
     assert line.startswith("training micro-batches merged 4 into 1: 1 x 64 rows per optimizer step instead of 4 x 16")
     assert "within 132.8 GiB (95 % of 139.8)" in line
     # two processes on the node: each GPU holds half the ZeRO-3 states (P/N), so the peak is far lower
-    two = {**environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     _, merge = merge_micro_batches(
         grpo,
         model=str(bench_7b.model_dir(tmp_path)),
         dtype="bfloat16",
         vllm=BENCH_VLLM,
         max_prompt_tokens=40,
-        environ=two,
+        resources=h200.model_copy(update={"gpus_per_node": 2}),
+        deepspeed=job.deepspeed,
     )
     assert merge.factor == 4 and merge.peaks_gib[0][1] < 70
 
 
 def test_without_a_gpu_or_with_merging_off_nothing_changes(tmp_path, monkeypatch):
     grpo = bench_7b.trainer_args()
-    common = dict(model=str(bench_7b.model_dir(tmp_path)), dtype="bfloat16", vllm=BENCH_VLLM, max_prompt_tokens=40)
-    monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: None)
-    kept, merge = merge_micro_batches(grpo, **common, environ={})
+    common = dict(
+        model=str(bench_7b.model_dir(tmp_path)),
+        dtype="bfloat16",
+        vllm=BENCH_VLLM,
+        max_prompt_tokens=40,
+        deepspeed=DeepSpeedSettings(),
+    )
+    monkeypatch.setattr(micro_batching, "device_memory_gib", lambda: None)
+    kept, merge = merge_micro_batches(grpo, **common, resources=ResourceSettings())
     assert kept == grpo and merge.factor == 1 and merge.reason == "no memory plan: no CUDA device"
-    monkeypatch.setattr(micro_batching, "gpu_memory_gib", lambda environ: 139.8)
-    kept, merge = merge_micro_batches(grpo, **common, pin="off", environ={})
+    h200 = ResourceSettings(gpu_memory_gib=139.8)
+    kept, merge = merge_micro_batches(grpo, **common, pin="off", resources=h200)
     assert kept == grpo and merge.reason == "merging is off (spec.training.microBatchMerge: off)"
-    # an unplannable process (DeepSpeed on, its file missing) keeps the micro-batch and says why
-    kept, merge = merge_micro_batches(grpo, **common, environ={"ACCELERATE_USE_DEEPSPEED": "true"})
-    assert kept == grpo and merge.reason.startswith("no memory plan: deepspeed: DeepSpeed is on but")
-    pinned, merge = merge_micro_batches(grpo, **common, pin=2, environ={})
+    # an unplannable process (a model neither on disk nor in the planner's table) keeps the micro-batch and says why
+    unknown = {**common, "model": str(tmp_path / "absent")}
+    kept, merge = merge_micro_batches(grpo, **unknown, resources=h200)
+    assert kept == grpo and merge.reason.startswith("no memory plan: spec.model.name: unknown model")
+    pinned, merge = merge_micro_batches(grpo, **common, pin=2, resources=h200)
     assert merge.factor == 2 and pinned["per_device_train_batch_size"] == 32
     with pytest.raises(InvalidConfigError, match="would change the step: loss_type bnpo"):
-        merge_micro_batches({**grpo, "loss_type": "bnpo"}, **common, pin=2, environ={})
+        merge_micro_batches({**grpo, "loss_type": "bnpo"}, **common, pin=2, resources=h200)
 
 
 def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir):

@@ -15,9 +15,9 @@ killed). The engine is the CPU stand-in; `support.rank_probe` makes the ranks se
   engine's log-probs shifted so the importance-sampling correction is far from 1.
 - merged: every rank plans to merge micro-batches 2 into 1 and runs it (the GRPOConfig built again once the
   process group exists).
-- gpu: one rank told its GPU is far smaller (COLOCGRPO_GPU_MEMORY_GIB, which the memory planner reads): the others
+- gpu: one rank's GPU is far smaller (`rank_probe.GPU_MEMORY_ENV`, the memory the micro-batch merge reads): the others
   plan to merge micro-batches 2 into 1, it does not; every rank must run the same micro-batches.
-- undecided: one rank cannot plan at all (a malformed COLOCGRPO_GPU_MEMORY_GIB): every rank stops, with one error.
+- undecided: one rank cannot plan at all (its GPU's memory cannot be read): every rank stops, with one error.
 
 Where the math is the same as TRL's own path (no deferral, no merge, TRL's no-grad chunks), the final weights equal
 those of the same job run that way.
@@ -200,18 +200,11 @@ MERGE_ARGS = {**SHORT_RUN, "max_steps": 2}
 
 
 def gpu_memory(spec: str) -> dict[str, str]:
-    return {rank_probe.RANK_ENV_ENV: spec}
+    return {rank_probe.GPU_MEMORY_ENV: spec}
 
 
 def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(root, tiny_model_dir, env):
-    run = launch(
-        root,
-        "gpu",
-        tiny_model_dir,
-        env,
-        MERGE_ARGS,
-        gpu_memory("0,1,2:COLOCGRPO_GPU_MEMORY_GIB=80;3:COLOCGRPO_GPU_MEMORY_GIB=0.01"),
-    )
+    run = launch(root, "gpu", tiny_model_dir, env, MERGE_ARGS, gpu_memory("0,1,2:80;3:0.01"))
     assert run.returncode == 0, run.tail()
     assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
     # Ranks 0-2 planned the merge (the tiny model fits 80 GiB); rank 3 did not; all took rank 3's.
@@ -223,7 +216,7 @@ def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(roo
 
 
 def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
-    run = launch(root, "merged", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"{ALL}:COLOCGRPO_GPU_MEMORY_GIB=80"))
+    run = launch(root, "merged", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"{ALL}:80"))
     assert run.returncode == 0, run.tail()
     assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
     # The GRPOConfig built again with the merged micro-batch, after the process group started: 1 x 4 rows per step.
@@ -232,10 +225,10 @@ def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
 
 
 def test_a_rank_that_cannot_plan_stops_every_rank_with_its_reason(root, tiny_model_dir, env):
-    run = launch(root, "undecided", tiny_model_dir, env, MERGE_ARGS, gpu_memory("2:COLOCGRPO_GPU_MEMORY_GIB=lots"))
+    run = launch(root, "undecided", tiny_model_dir, env, MERGE_ARGS, gpu_memory("2:unreadable"))
     assert run.returncode != 0
     codes = run.exit_codes()
     assert codes == dict.fromkeys(range(WORLD), EXIT_INVALID_CONFIG), (codes, run.tail())
-    reason = "rank 2: COLOCGRPO_GPU_MEMORY_GIB='lots': expected the GPU's memory in GiB, a number > 0"
+    reason = "rank 2: cannot read this GPU's memory: the probe made this GPU's memory unreadable"
     assert run.stdout.count(reason) + run.stderr.count(reason) >= WORLD, run.tail()
     assert progress_steps(run.stdout) == []

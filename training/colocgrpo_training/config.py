@@ -59,10 +59,13 @@ class JobRef(_Strict):
         return operations, "application/json-patch+json"
 
 
+Dtype = Literal["bfloat16", "float16", "float32", "auto"]
+
+
 class ModelSettings(_Strict):
     name_or_path: str
     revision: str | None = None
-    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    dtype: Dtype = "bfloat16"
     attn_implementation: str | None = None
 
 
@@ -106,6 +109,30 @@ class VLLMSettings(_Strict):
         return self
 
 
+class ResourceSettings(_Strict):
+    """spec.resources: the gang's shape, and the memory per GPU the micro-batch merge plans for."""
+
+    nodes: int = Field(default=1, ge=1)
+    # Processes per pod, one per GPU; 0: a CPU job, one process per pod.
+    gpus_per_node: int = Field(default=1, ge=0)
+    # None: the memory of this process's GPU, as torch's total_memory counts it.
+    gpu_memory_gib: float | None = Field(default=None, gt=0)
+
+    @property
+    def world_size(self) -> int:
+        """Training processes across the gang."""
+        return self.nodes * max(self.gpus_per_node, 1)
+
+
+class DeepSpeedSettings(_Strict):
+    """spec.deepspeed: the ZeRO stage and offloads of the deepspeed.json the operator renders (CPU jobs run
+    without DeepSpeed)."""
+
+    zero_stage: int = Field(default=3, ge=0, le=3)
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    offload_params: Literal["none", "cpu"] = "none"
+
+
 # The micro-batch merge (planner/micro_batches.py): auto, off, or a factor to use as given.
 MergePin = Literal["auto", "off"] | Annotated[int, Field(ge=1)]
 
@@ -138,6 +165,8 @@ class TrainerConfig(_Strict):
     rewards: list[RewardSettings] = Field(min_length=1)
     # Where the user's reward ConfigMap is mounted; put on sys.path before resolving rewards.
     reward_modules_dir: str | None = None
+    resources: ResourceSettings = ResourceSettings()
+    deepspeed: DeepSpeedSettings = DeepSpeedSettings()
     vllm: VLLMSettings
     training: TrainingSettings = TrainingSettings()
     checkpoint: CheckpointSettings

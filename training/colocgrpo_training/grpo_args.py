@@ -112,6 +112,8 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
             dtype=config.model.dtype,
             vllm=config.vllm,
             max_prompt_tokens=config.dataset.max_prompt_tokens,
+            resources=config.resources,
+            deepspeed=config.deepspeed,
             pin=config.training.micro_batch_merge,
         )
     except InvalidConfigError as err:

@@ -1,21 +1,18 @@
 """This training process's facts → the memory planner's inputs → the micro-batch merge (planner/micro_batches.py).
 
 `merge_micro_batches` is what a real job (`grpo_args.build_grpo_config`) and the GPU benchmark's own contenders
-(bench/grpo/) call on their GRPOConfig keyword arguments before building the GRPOConfig. The facts it
-reads, none of them in the trainer config:
+(bench/grpo/) call on their GRPOConfig keyword arguments before building the GRPOConfig. The facts it reads:
 
-- the processes: `WORLD_SIZE` and `LOCAL_WORLD_SIZE` (set by `accelerate launch` / torchrun; 1 otherwise);
-- the GPU's memory: torch's `total_memory` of this process's device (`LOCAL_RANK`), the number vLLM's
-  utilization multiplies; no CUDA device, no plan;
-- ZeRO: the DeepSpeed file accelerate hands the process (`ACCELERATE_DEEPSPEED_CONFIG_FILE`, the operator's
-  deepspeed.json): stage and offloads; without DeepSpeed, stage 0;
+- the trainer config's (`spec.resources`, `spec.deepspeed` and `spec.training.microBatchMerge`, as the operator
+  renders them): the gang's shape, the ZeRO stage and offloads of its deepspeed.json, the pin;
+- the GPU's memory: `resources.gpu_memory_gib` where the job sets it (a GPU shared with other work, a MIG slice),
+  else torch's `total_memory` of this process's device (`LOCAL_RANK`), the number vLLM's utilization multiplies;
+  no CUDA device, no plan;
 - the model's shape: its config.json (a local folder, else the Hugging Face cache or Hub, where the trainer loads
   the model from anyway), else the planner's built-in table by name.
 
-The pin, `training.micro_batch_merge` of the trainer config (`spec.training.microBatchMerge`): `auto` (default), `off`,
-or a factor to use as given (it must divide gradient_accumulation_steps and steps_per_generation, and the merge must
-be exact).
-`COLOCGRPO_GPU_MEMORY_GIB` plans for that much GPU memory instead of the device's (a shared GPU, a MIG slice).
+The pin: `auto` (default), `off`, or a factor to use as given (it must divide gradient_accumulation_steps and
+steps_per_generation, and the merge must be exact).
 
 Each rank plans alone, before the process group exists; `agree_merge` then makes the factor every rank's smallest
 (the number of forwards and backwards, collectives under ZeRO-3, must be equal on every rank).
@@ -26,14 +23,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from colocgrpo_training.agreement import gather
-from colocgrpo_training.config import MergePin, VLLMSettings
+from colocgrpo_training.config import DeepSpeedSettings, MergePin, ResourceSettings, VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
 from colocgrpo_training.planner.micro_batches import PIN_FIELD, MicroBatchMerge, plan_micro_batches
@@ -41,55 +37,17 @@ from colocgrpo_training.planner.shapes import PlanInputError
 
 log = logging.getLogger("colocgrpo.micro_batches")
 
-GPU_MEMORY_ENV = "COLOCGRPO_GPU_MEMORY_GIB"
 GIB = 1024**3
 
 
-def gpu_memory_gib(environ: Mapping[str, str]) -> float | None:
-    """This process's GPU memory in GiB: `COLOCGRPO_GPU_MEMORY_GIB` where set (a GPU shared with other work, a MIG
-    slice), else torch's total_memory of its device; None without CUDA."""
-    given = environ.get(GPU_MEMORY_ENV, "").strip()
-    if given:
-        try:
-            value = float(given)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidConfigError(f"{GPU_MEMORY_ENV}={given!r}: expected the GPU's memory in GiB, a number > 0")
-        return value
+def device_memory_gib() -> float | None:
+    """The memory of this process's GPU in GiB, as torch's total_memory counts it; None without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    device = int(environ.get("LOCAL_RANK", "0") or 0)
+    device = int(os.environ.get("LOCAL_RANK", "0") or 0)  # the launcher's: which of the pod's GPUs is this one
     return torch.cuda.get_device_properties(device).total_memory / GIB
-
-
-def deepspeed_settings(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The planner's `spec.deepspeed` from the DeepSpeed file accelerate passes; stage 0 without DeepSpeed.
-    Raises PlanInputError when the file cannot be read or leaves the stage to "auto"."""
-    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true":
-        return {"zeroStage": 0}
-    path = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-    if not path:
-        raise PlanInputError("deepspeed", "DeepSpeed is on but accelerate named no DeepSpeed file")
-    try:
-        zero = json.loads(Path(path).read_text()).get("zero_optimization") or {}
-    except (OSError, ValueError, AttributeError) as err:
-        raise PlanInputError("deepspeed", f"cannot read {path}: {err}") from None
-    stage = zero.get("stage", 0)
-    if not isinstance(stage, int):
-        raise PlanInputError("deepspeed", f"zero_optimization.stage {stage!r} in {path} is not a number")
-
-    def device(section: str) -> str:
-        value = zero.get(section)
-        return str(value.get("device", "none")) if isinstance(value, Mapping) else "none"
-
-    return {
-        "zeroStage": stage,
-        "offloadOptimizer": device("offload_optimizer"),
-        "offloadParams": device("offload_param"),
-    }
 
 
 def model_config(name_or_path: str, revision: str | None = None) -> tuple[str, dict[str, Any] | None]:
@@ -111,6 +69,15 @@ def model_config(name_or_path: str, revision: str | None = None) -> tuple[str, d
     return (str(file.parent), data) if isinstance(data, dict) else (name_or_path, None)
 
 
+def _device_memory_gib() -> float | None:
+    """`device_memory_gib`, its failure an InvalidConfigError: a rank that cannot plan must still take part in
+    `agree_merge`, which stops every rank with its reason."""
+    try:
+        return device_memory_gib()
+    except RuntimeError as err:  # CUDA's errors
+        raise InvalidConfigError(f"cannot read this GPU's memory: {err}") from err
+
+
 def plan_inputs_for(
     grpo: Mapping[str, Any],
     *,
@@ -118,16 +85,19 @@ def plan_inputs_for(
     dtype: str,
     vllm: VLLMSettings,
     max_prompt_tokens: int | None,
-    world_size: int,
-    local_world_size: int,
+    resources: ResourceSettings,
+    deepspeed: DeepSpeedSettings,
     gpu_memory_gib: float,
-    deepspeed: Mapping[str, Any],
 ) -> PlanInputs:
     """The planner's inputs for a job that runs as this process does (raises PlanInputError)."""
     spec = {
         "model": {"name": model, "dtype": dtype},
-        "resources": {"nodes": max(1, world_size // max(1, local_world_size)), "gpusPerNode": local_world_size},
-        "deepspeed": dict(deepspeed),
+        "resources": {"nodes": resources.nodes, "gpusPerNode": resources.gpus_per_node},
+        "deepspeed": {
+            "zeroStage": deepspeed.zero_stage,
+            "offloadOptimizer": deepspeed.offload_optimizer,
+            "offloadParams": deepspeed.offload_params,
+        },
         "vllm": {
             "tensorParallelSize": vllm.tensor_parallel_size,
             "gpuMemoryUtilization": vllm.gpu_memory_utilization,
@@ -149,21 +119,21 @@ def merge_micro_batches(
     dtype: str,
     vllm: VLLMSettings,
     max_prompt_tokens: int | None,
+    resources: ResourceSettings,
+    deepspeed: DeepSpeedSettings,
     revision: str | None = None,
     pin: MergePin = "auto",
-    environ: Mapping[str, str] = os.environ,
 ) -> tuple[dict[str, Any], MicroBatchMerge]:
     """`grpo` rewritten with the merged micro-batch, and this process's decision (`agree_merge` then makes one
     decision of every rank's)."""
-    world = int(environ.get("WORLD_SIZE", "1") or 1)
-    local = int(environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    world = resources.world_size
     inputs: PlanInputs | None = None
     model_json: dict[str, Any] | None = None
     why = "no memory plan"
-    gpu: float | None = None
+    gpu = resources.gpu_memory_gib
     if pin == "auto" and not vllm.enabled:
         why = "no memory plan: the planner covers jobs with colocated vLLM"
-    elif pin == "auto" and (gpu := gpu_memory_gib(environ)) is None:
+    elif pin == "auto" and gpu is None and (gpu := _device_memory_gib()) is None:
         why = "no memory plan: no CUDA device"
     elif pin != "off":
         where, model_json = model_config(model, revision)  # a pinned factor is checked against it too
@@ -175,10 +145,9 @@ def merge_micro_batches(
                     dtype=dtype,
                     vllm=vllm,
                     max_prompt_tokens=max_prompt_tokens,
-                    world_size=world,
-                    local_world_size=local,
+                    resources=resources,
+                    deepspeed=deepspeed,
                     gpu_memory_gib=gpu,
-                    deepspeed=deepspeed_settings(environ),
                 )
             except PlanInputError as err:
                 why = f"no memory plan: {err}"

@@ -40,6 +40,8 @@ MAX_STEPS = 2**31 - 1
 MAX_PARAMETERS = 10**15
 MAX_UNIX_ID = 2**31 - 1
 MAX_REWARD_WEIGHT = 1e6
+# The largest GPUs hold a few hundred GiB: more is a typo, never a plan.
+MAX_GPU_MEMORY_GIB = 4096
 # A reward function: a built-in, or module:function from spec.rewardModules.
 # The trainer's built-ins (colocgrpo_training.rewards.builtin, which the operator must not import;
 # tests/api checks the two lists agree).
@@ -232,6 +234,15 @@ class ResourcesSpec(_Spec):
         ge=0,
         le=MAX_GPUS_PER_NODE,
         description="nvidia.com/gpu per pod; also processes per pod. 0 makes a CPU job (no vLLM, no DeepSpeed).",
+    )
+    gpu_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_GPU_MEMORY_GIB,
+        alias="gpuMemoryGiB",
+        description="Memory per GPU in GiB, as torch's total_memory counts it (what vllm.gpuMemoryUtilization "
+        "multiplies), for the memory plan and the trainer's micro-batch merge: set it for a GPU shared with other "
+        "work or a MIG slice. Unset, the plan assumes 139.8 (an H200) and the trainer plans for its own GPU.",
     )
     cpu: Quantity | None = Field(default=None, description="CPU request and limit per pod.")
     memory: Quantity | None = Field(default=None, description="Memory request and limit per pod.")

@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
         "--gpu-memory-gib",
         type=float,
         default=None,
-        help="memory per GPU in GiB (default: the job's colocgrpo.io/gpu-memory-gib annotation, else 139.8 = H200)",
+        help="memory per GPU in GiB (default: the job's spec.resources.gpuMemoryGiB, else its "
+        "colocgrpo.io/gpu-memory-gib annotation, else 139.8 = H200)",
     )
     add_output_flag(parser, "the plan")
     parser.set_defaults(func=run)

@@ -7,8 +7,10 @@ from colocgrpo_operator.api.naming import REWARD_MODULES_DIR
 from colocgrpo_training.config import (
     CheckpointSettings,
     DatasetSettings,
+    DeepSpeedSettings,
     JobRef,
     ModelSettings,
+    ResourceSettings,
     RewardSettings,
     TrainerConfig,
     TrainingSettings,
@@ -38,6 +40,16 @@ def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:
         ),
         rewards=[RewardSettings(function=r.function, weight=r.weight) for r in spec.rewards],
         reward_modules_dir=REWARD_MODULES_DIR if spec.reward_modules else None,
+        resources=ResourceSettings(
+            nodes=spec.resources.nodes,
+            gpus_per_node=spec.resources.gpus_per_node,
+            gpu_memory_gib=spec.resources.gpu_memory_gib,
+        ),
+        deepspeed=DeepSpeedSettings(
+            zero_stage=spec.deepspeed.zero_stage,
+            offload_optimizer=spec.deepspeed.offload_optimizer,
+            offload_params=spec.deepspeed.offload_params,
+        ),
         vllm=VLLMSettings(
             # A CPU job has no GPU to colocate vLLM on; TRL then generates with transformers.
             enabled=not job.is_cpu_job,

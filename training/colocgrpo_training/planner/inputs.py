@@ -290,6 +290,8 @@ def read_inputs(
         )
 
     gib = gpu_memory_gib
+    if gib is None:
+        gib = resources.get("gpuMemoryGiB", resources.get("gpu_memory_gib"))
     if gib is None and annotations and annotations.get(GPU_MEMORY_ANNOTATION):
         try:
             gib = float(annotations[GPU_MEMORY_ANNOTATION])
@@ -298,8 +300,6 @@ def read_inputs(
                 f"metadata.annotations[{GPU_MEMORY_ANNOTATION}]",
                 f"must be a number of GiB, got {annotations[GPU_MEMORY_ANNOTATION]!r}",
             ) from None
-    if gib is None:
-        gib = _get(resources, "gpu_memory_gib")
     gib = DEFAULT_GPU_MEMORY_GIB if gib is None else _number(gib, "gpu memory (GiB)")
     if gib <= 0:
         raise PlanInputError("gpu memory (GiB)", f"must be positive, got {gib}")
