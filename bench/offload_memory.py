@@ -70,28 +70,29 @@ def choose_shape(requested: str, device_bytes: int, host_bytes: int) -> tuple[st
 
 def planned(model_config, gpu_memory_gib: float, offload: bool) -> dict:
     """The memory plan of a one-GPU job of this shape and the large size's batch."""
-    from colocgrpo_training.planner import plan_from_spec
+    from colocgrpo_training.config import DeepSpeedSettings, ResourceSettings, VLLMSettings
+    from colocgrpo_training.planner import PlanRequest
+    from colocgrpo_training.planner import plan as plan_memory
 
     size = SIZES["large"]
+    keys = (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "max_completion_length",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model_config.to_json_file(str(Path(tmp) / "config.json"))
-        spec = {
-            "model": {"name": tmp, "dtype": "bfloat16"},
-            "resources": {"nodes": 1, "gpusPerNode": 1},
-            "dataset": {"name": "bench", "maxPromptTokens": PROMPT_TOKENS},
-            "vllm": {"sleepPolicy": "auto", "maxModelLen": size["max_model_len"], "offloadTrainerState": offload},
-            "deepspeed": {"zeroStage": 3},
-            "trainerArgs": {
-                k: size[k]
-                for k in (
-                    "per_device_train_batch_size",
-                    "gradient_accumulation_steps",
-                    "steps_per_generation",
-                    "max_completion_length",
-                )
-            },
-        }
-        plan = plan_from_spec(spec, gpu_memory_gib=gpu_memory_gib)
+        request = PlanRequest(
+            model=tmp,
+            dtype="bfloat16",
+            resources=ResourceSettings(nodes=1, gpus_per_node=1, gpu_memory_gib=gpu_memory_gib),
+            deepspeed=DeepSpeedSettings(zero_stage=3),
+            vllm=VLLMSettings(sleep_policy="auto", max_model_len=size["max_model_len"], offload_trainer_state=offload),
+            max_prompt_tokens=PROMPT_TOKENS,
+            trainer_args={k: size[k] for k in keys},
+        )
+        plan = plan_memory(request)
     kept = sum(
         t.bytes
         for t in plan.terms

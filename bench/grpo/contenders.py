@@ -162,34 +162,35 @@ def ours_utilization(
     policy and trainer-state offload, the size's batch and lengths, the model's config.json, this card): the
     KV cache for the whole generation batch with slack, within what the training state leaves. None for TRL's
     contenders and where the planner finds no utilization that works."""
-    from colocgrpo_training.planner.plan import GIB, plan_from_spec
+    from colocgrpo_training.config import DeepSpeedSettings, ResourceSettings, VLLMSettings
+    from colocgrpo_training.planner import PlanRequest, plan
+    from colocgrpo_training.planner.plan import GIB
 
     trainer = contender.partition("@")[0]
     if not trainer.startswith("ours-"):
         return None
-    spec = {
-        "model": {"name": model_path, "dtype": "bfloat16"},
-        "resources": {"nodes": 1, "gpusPerNode": num_processes},
-        "deepspeed": {"zeroStage": 3},
-        "vllm": {
-            "tensorParallelSize": tensor_parallel_size,
-            "gpuMemoryUtilization": 0.5,  # any: the recommendation does not depend on it
-            "sleepPolicy": trainer.removeprefix("ours-").removesuffix("-offload"),
-            "maxModelLen": config["max_model_len"],
-            "offloadTrainerState": trainer.endswith("-offload"),
-        },
-        "dataset": {"maxPromptTokens": config["prompt_tokens"]},
-        "trainerArgs": {
-            key: config[key]
-            for key in (
-                "per_device_train_batch_size",
-                "gradient_accumulation_steps",
-                "steps_per_generation",
-                "max_completion_length",
-                "num_generations",
-            )
-        }
-        | {"beta": 0.0},
-    }
-    spec["trainerArgs"]["per_device_train_batch_size"] //= num_processes
-    return plan_from_spec(spec, gpu_memory_gib=device_bytes / GIB).recommended_gpu_memory_utilization
+    keys = (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "max_completion_length",
+        "num_generations",
+    )
+    trainer_args = {key: config[key] for key in keys} | {"beta": 0.0}
+    trainer_args["per_device_train_batch_size"] //= num_processes
+    request = PlanRequest(
+        model=model_path,
+        dtype="bfloat16",
+        resources=ResourceSettings(nodes=1, gpus_per_node=num_processes, gpu_memory_gib=device_bytes / GIB),
+        deepspeed=DeepSpeedSettings(zero_stage=3),
+        vllm=VLLMSettings(
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=0.5,  # any: the recommendation does not depend on it
+            sleep_policy=trainer.removeprefix("ours-").removesuffix("-offload"),
+            max_model_len=config["max_model_len"],
+            offload_trainer_state=trainer.endswith("-offload"),
+        ),
+        max_prompt_tokens=config["prompt_tokens"],
+        trainer_args=trainer_args,
+    )
+    return plan(request).recommended_gpu_memory_utilization

@@ -142,6 +142,7 @@ def worker(
     if merges_micro_batches(contender):
         from colocgrpo_training.config import DeepSpeedSettings, ResourceSettings, VLLMSettings
         from colocgrpo_training.micro_batching import merge_micro_batches
+        from colocgrpo_training.planner import PlanRequest
 
         # ours-auto's settings for trl-best: its merge is the one ours-auto makes in the same run (with sleep on,
         # the memory plan's training phase does not depend on vLLM's utilization).
@@ -155,15 +156,16 @@ def worker(
         # A real job's micro-batch merge (grpo_args.build_grpo_config), on the same facts: this process's GPU, the
         # launch's processes, the ZeRO stage of the DeepSpeed file it runs under; the size's prompt length, as a
         # job's dataset.maxPromptTokens would say.
-        grpo, merge = merge_micro_batches(
-            grpo,
+        request = PlanRequest(
             model=model,
             dtype=grpo["model_init_kwargs"]["dtype"],
-            vllm=settings,
-            max_prompt_tokens=config["prompt_tokens"],
             resources=ResourceSettings(nodes=1, gpus_per_node=num_processes),
             deepspeed=DeepSpeedSettings(zero_stage=zero_stage),
+            vllm=settings,
+            max_prompt_tokens=config["prompt_tokens"],
+            trainer_args=grpo,
         )
+        grpo, merge = merge_micro_batches(request)
         print(f"[bench] {contender}: {merge.message()}", flush=True)
     if contender.startswith("trl-"):
         # TRL's own trainer: trl-sleep and trl-nosleep with the micro-batch its users set, trl-best merged.

@@ -326,12 +326,14 @@ def test_ttl_deadline_derives_from_the_recorded_completion_time():
 
 
 def test_planner_reads_the_gpu_memory_annotation_the_operator_keeps():
-    # Two packages, two spellings of one name: the operator's index view must keep exactly
-    # the annotation the planner reads.
+    # The operator's index view must keep exactly the annotation the plan reads.
     from colocgrpo_operator.api import GPU_MEMORY_ANNOTATION
-    from colocgrpo_training.planner import GPU_MEMORY_ANNOTATION as planner_key
+    from colocgrpo_operator.controller.snapshots import job_resource_snapshot
+    from colocgrpo_operator.render import plan_job
 
-    assert planner_key == GPU_MEMORY_ANNOTATION
+    body = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
+    body["metadata"]["annotations"] = {GPU_MEMORY_ANNOTATION: "80"}
+    assert plan_job(job_resource_snapshot(body)).gpu_memory_gib == 80.0
 
 
 def test_namespace_rescan_adds_what_kopf_missed_with_kopfs_own_rules():

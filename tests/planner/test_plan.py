@@ -11,15 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colocgrpo_training.planner import (
-    DEFAULT_GPU_MEMORY_GIB,
-    GPU_MEMORY_ANNOTATION,
-    PlanInputError,
-    plan_from_spec,
-    plan_job,
-)
+from colocgrpo_operator.api import GPU_MEMORY_ANNOTATION
+from colocgrpo_operator.render import plan_job
+from colocgrpo_training.planner import DEFAULT_GPU_MEMORY_GIB, PlanInputError
 from colocgrpo_training.planner import formulas as f
 from support import bench_7b
+from support.planning import plan_from_spec
 
 GIB = 1024**3
 REPO = Path(__file__).resolve().parents[2]
@@ -314,6 +311,13 @@ def test_gpu_memory_override_flag_then_spec_then_annotation_then_default():
     with pytest.raises(PlanInputError) as error:
         plan_job(job)
     assert GPU_MEMORY_ANNOTATION in error.value.field
+
+
+def test_a_utilization_left_out_is_an_assumption():
+    unset = seed_spec()
+    del unset["vllm"]["gpuMemoryUtilization"]
+    assert "gpuMemoryUtilization unset: vLLM gets the default 0.3" in plan_from_spec(unset).assumptions
+    assert not any("gpuMemoryUtilization" in a for a in plan_from_spec(seed_spec()).assumptions)
 
 
 def test_seed_does_not_fit_on_40_gib_gpus():

@@ -77,10 +77,13 @@ def test_offload_job_renders_to_an_offloading_config_and_the_trainer_refuses_it_
 
     obj = job(4)
     obj["spec"]["vllm"]["offloadTrainerState"] = True
-    assert rendered(obj, tmp_path).vllm.offload_trainer_state is True
+    config = rendered(obj, tmp_path)
+    assert config.vllm.offload_trainer_state is True
     # A hand-written grpo.yaml gets the rule the operator enforces on the spec.
-    with pytest.raises(ValidationError, match="offload_trainer_state needs a sleeping sleep_policy"):
-        VLLMSettings(sleep_policy="off", offload_trainer_state=True)
+    with pytest.raises(ValidationError, match="offload_trainer_state needs a sleeping vllm.sleep_policy"):
+        config.model_validate(
+            {**config.model_dump(), "vllm": VLLMSettings(sleep_policy="off", offload_trainer_state=True).model_dump()}
+        )
 
 
 def test_cpu_job_renders_to_a_trl_config_without_vllm(tmp_path):

@@ -8,8 +8,6 @@ import re
 
 import pytest
 
-from colocgrpo_training.planner import plan_from_spec
-from colocgrpo_training.planner.inputs import read_inputs
 from colocgrpo_training.planner.micro_batches import (
     EXACT_LOSS_TYPES,
     INEXACT_LOSS_TYPES,
@@ -20,6 +18,7 @@ from colocgrpo_training.planner.micro_batches import (
     plan_micro_batches,
 )
 from support import bench_7b
+from support.planning import inputs_from_spec, plan_from_spec
 
 LARGE = {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4, "steps_per_generation": 8}
 
@@ -136,7 +135,7 @@ def test_no_plan_no_merge():
 def test_7b_as_measured_merges_two_not_four(tmp_path):
     # The measurement (bench/results/zero3-variants-5a462f3.md): 2 x 32 rows fit at 129.4 GiB, 1 x 64 ran out
     # of 139.8 GiB. It ran without checkpointing in effect (eval mode): plan that.
-    inputs = read_inputs(bench_7b.spec(tmp_path, checkpointing=False))
+    inputs = inputs_from_spec(bench_7b.spec(tmp_path, checkpointing=False))
     merge = plan_micro_batches(bench_7b.trainer_args(checkpointing=False), inputs)
     assert merge.factor == 2
     peaks = dict(merge.peaks_gib)
@@ -149,7 +148,7 @@ def test_7b_as_measured_merges_two_not_four(tmp_path):
 def test_7b_as_trained_merges_all_four(tmp_path):
     # TRL trains in training mode, so checkpointing applies: 64 rows hold 3.3 GiB of activations, under the
     # optimizer step's 6.7 GiB; the training peak does not grow at all from 16 to 64 rows.
-    inputs = read_inputs(bench_7b.spec(tmp_path))
+    inputs = inputs_from_spec(bench_7b.spec(tmp_path))
     merge = plan_micro_batches(bench_7b.trainer_args(), inputs)
     assert merge.factor == 4
     assert merge.rewrite(bench_7b.trainer_args())["per_device_train_batch_size"] == 64
@@ -160,13 +159,13 @@ def test_7b_as_trained_merges_all_four(tmp_path):
 
 def test_no_headroom_keeps_the_micro_batch(tmp_path):
     # on an 80 GiB GPU the 7.18B trainer's 107 GiB of states do not fit even unmerged
-    inputs = read_inputs(bench_7b.spec(tmp_path), gpu_memory_gib=80.0)
+    inputs = inputs_from_spec(bench_7b.spec(tmp_path), gpu_memory_gib=80.0)
     merge = plan_micro_batches(bench_7b.trainer_args(), inputs)
     assert merge.factor == 1 and "unmerged, over 76.0 GiB" in merge.reason
     assert [k for k, _ in merge.peaks_gib] == [4, 2, 1]
 
 
 def test_an_inexact_setting_is_never_merged_whatever_the_room(tmp_path):
-    inputs = read_inputs(bench_7b.spec(tmp_path))
+    inputs = inputs_from_spec(bench_7b.spec(tmp_path))
     merge = plan_micro_batches({**bench_7b.trainer_args(), "loss_type": "bnpo"}, inputs)
     assert merge.factor == 1 and merge.peaks_gib == ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -9,7 +10,6 @@ from pydantic import ValidationError
 
 from colocgrpo_training import micro_batching
 from colocgrpo_training.config import (
-    DeepSpeedSettings,
     ResourceSettings,
     TrainerConfig,
     TrainingSettings,
@@ -17,6 +17,7 @@ from colocgrpo_training.config import (
 )
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.micro_batching import agree_merge, merge_micro_batches, model_config
+from colocgrpo_training.planner import PlanRequest
 from support import bench_7b
 
 pytestmark = pytest.mark.trainer
@@ -62,21 +63,27 @@ def test_model_config_from_a_local_folder(tmp_path):
     assert model_config(str(tmp_path / "absent" / "model")) == (str(tmp_path / "absent" / "model"), None)
 
 
+def bench_request(tmp_path, grpo: dict, **fields) -> PlanRequest:
+    """The 7.18B bench shape as a one-GPU job (`fields` replace the request's)."""
+    job = one_gpu_job()
+    request = PlanRequest(
+        model=str(bench_7b.model_dir(tmp_path)),
+        dtype="bfloat16",
+        resources=job.resources,
+        deepspeed=job.deepspeed,
+        vllm=BENCH_VLLM,
+        max_prompt_tokens=40,
+        trainer_args=grpo,
+    )
+    return dataclasses.replace(request, **fields)
+
+
 def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, caplog):
     # Everything a pod's process reads, but the GPU: its memory is the H200's torch total_memory.
-    job = one_gpu_job()
-    h200 = job.resources.model_copy(update={"gpu_memory_gib": 139.8})
+    h200 = one_gpu_job().resources.model_copy(update={"gpu_memory_gib": 139.8})
     grpo = {**bench_7b.trainer_args(), "learning_rate": 1e-6}
     with caplog.at_level(logging.INFO, logger="colocgrpo.micro_batches"):
-        merged, merge = merge_micro_batches(
-            grpo,
-            model=str(bench_7b.model_dir(tmp_path)),
-            dtype="bfloat16",
-            vllm=BENCH_VLLM,
-            max_prompt_tokens=40,
-            resources=h200,
-            deepspeed=job.deepspeed,
-        )
+        merged, merge = merge_micro_batches(bench_request(tmp_path, grpo, resources=h200))
         assert agree_merge(merge) is merge  # one process: its own decision, logged
     assert merge.factor == 4
     assert merged == {
@@ -89,41 +96,27 @@ def test_a_one_gpu_job_of_the_7b_bench_shape_merges_four(tmp_path, caplog):
     assert line.startswith("training micro-batches merged 4 into 1: 1 x 64 rows per optimizer step instead of 4 x 16")
     assert "within 132.8 GiB (95 % of 139.8)" in line
     # two processes on the node: each GPU holds half the ZeRO-3 states (P/N), so the peak is far lower
-    _, merge = merge_micro_batches(
-        grpo,
-        model=str(bench_7b.model_dir(tmp_path)),
-        dtype="bfloat16",
-        vllm=BENCH_VLLM,
-        max_prompt_tokens=40,
-        resources=h200.model_copy(update={"gpus_per_node": 2}),
-        deepspeed=job.deepspeed,
-    )
+    two = h200.model_copy(update={"gpus_per_node": 2})
+    _, merge = merge_micro_batches(bench_request(tmp_path, grpo, resources=two))
     assert merge.factor == 4 and merge.peaks_gib[0][1] < 70
 
 
 def test_without_a_gpu_or_with_merging_off_nothing_changes(tmp_path, monkeypatch):
     grpo = bench_7b.trainer_args()
-    common = dict(
-        model=str(bench_7b.model_dir(tmp_path)),
-        dtype="bfloat16",
-        vllm=BENCH_VLLM,
-        max_prompt_tokens=40,
-        deepspeed=DeepSpeedSettings(),
-    )
     monkeypatch.setattr(micro_batching, "device_memory_gib", lambda: None)
-    kept, merge = merge_micro_batches(grpo, **common, resources=ResourceSettings())
+    kept, merge = merge_micro_batches(bench_request(tmp_path, grpo))
     assert kept == grpo and merge.factor == 1 and merge.reason == "no memory plan: no CUDA device"
     h200 = ResourceSettings(gpu_memory_gib=139.8)
-    kept, merge = merge_micro_batches(grpo, **common, pin="off", resources=h200)
+    kept, merge = merge_micro_batches(bench_request(tmp_path, grpo, micro_batch_merge="off", resources=h200))
     assert kept == grpo and merge.reason == "merging is off (spec.training.microBatchMerge: off)"
     # an unplannable process (a model neither on disk nor in the planner's table) keeps the micro-batch and says why
-    unknown = {**common, "model": str(tmp_path / "absent")}
-    kept, merge = merge_micro_batches(grpo, **unknown, resources=h200)
+    unknown = bench_request(tmp_path, grpo, model=str(tmp_path / "absent"), resources=h200)
+    kept, merge = merge_micro_batches(unknown)
     assert kept == grpo and merge.reason.startswith("no memory plan: spec.model.name: unknown model")
-    pinned, merge = merge_micro_batches(grpo, **common, pin=2, resources=h200)
+    pinned, merge = merge_micro_batches(bench_request(tmp_path, grpo, micro_batch_merge=2, resources=h200))
     assert merge.factor == 2 and pinned["per_device_train_batch_size"] == 32
     with pytest.raises(InvalidConfigError, match="would change the step: loss_type bnpo"):
-        merge_micro_batches({**grpo, "loss_type": "bnpo"}, **common, pin=2, resources=h200)
+        merge_micro_batches(bench_request(tmp_path, {**grpo, "loss_type": "bnpo"}, micro_batch_merge=2, resources=h200))
 
 
 def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir):

@@ -99,15 +99,6 @@ class VLLMSettings(_Strict):
     # Move the ZeRO-3 trainer state to pinned CPU memory while vLLM generates (docs/sleep-policy.md).
     offload_trainer_state: bool = False
 
-    @model_validator(mode="after")
-    def _offload_needs_a_sleeping_policy(self) -> VLLMSettings:
-        if self.offload_trainer_state and self.sleep_policy is SleepPolicy.OFF:
-            raise ValueError(
-                "offload_trainer_state needs a sleeping sleep_policy (level1, level2 or auto): with off, vLLM never "
-                "frees its memory, so the trainer state would never move"
-            )
-        return self
-
 
 class ResourceSettings(_Strict):
     """spec.resources: the gang's shape, and the memory per GPU the micro-batch merge plans for."""
@@ -173,6 +164,15 @@ class TrainerConfig(_Strict):
     progress: ProgressSettings = ProgressSettings()
     # TRL GRPOConfig keyword arguments, in TRL's own names, passed through as-is.
     grpo: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _offload_needs_a_sleeping_policy(self) -> TrainerConfig:
+        if self.vllm.offload_trainer_state and self.vllm.sleep_policy is SleepPolicy.OFF:
+            raise ValueError(
+                "vllm.offload_trainer_state needs a sleeping vllm.sleep_policy (level1, level2 or auto): with off, "
+                "vLLM never frees its memory, so the trainer state would never move"
+            )
+        return self
 
     def to_yaml(self) -> str:
         return yaml.dump(self.model_dump(mode="json"), Dumper=YAML_DUMPER, sort_keys=False)

@@ -14,6 +14,7 @@ from colocgrpo_training.config import SleepPolicy, TrainerConfig
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.micro_batching import agree_merge, merge_micro_batches
 from colocgrpo_training.planner.micro_batches import MicroBatchMerge
+from colocgrpo_training.planner.request import from_trainer_config
 
 if TYPE_CHECKING:
     from trl import GRPOConfig
@@ -105,17 +106,7 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
     local: MicroBatchMerge | None = None
     problem = None
     try:
-        _, local = merge_micro_batches(
-            kwargs,
-            model=config.model.name_or_path,
-            revision=config.model.revision,
-            dtype=config.model.dtype,
-            vllm=config.vllm,
-            max_prompt_tokens=config.dataset.max_prompt_tokens,
-            resources=config.resources,
-            deepspeed=config.deepspeed,
-            pin=config.training.micro_batch_merge,
-        )
+        _, local = merge_micro_batches(from_trainer_config(config, kwargs), revision=config.model.revision)
     except InvalidConfigError as err:
         problem = str(err)  # every rank stops with it, after the agreement below
     grpo_config = _grpo_config(kwargs)

@@ -1,10 +1,11 @@
 """This training process's facts → the memory planner's inputs → the micro-batch merge (planner/micro_batches.py).
 
 `merge_micro_batches` is what a real job (`grpo_args.build_grpo_config`) and the GPU benchmark's own contenders
-(bench/grpo/) call on their GRPOConfig keyword arguments before building the GRPOConfig. The facts it reads:
+(bench/grpo/) call on their GRPOConfig keyword arguments before building the GRPOConfig, as a `PlanRequest` (a real
+job's from its trainer config: `planner.from_trainer_config`). The facts it reads:
 
-- the trainer config's (`spec.resources`, `spec.deepspeed` and `spec.training.microBatchMerge`, as the operator
-  renders them): the gang's shape, the ZeRO stage and offloads of its deepspeed.json, the pin;
+- the request's (the trainer config's `resources`, `deepspeed` and `training.micro_batch_merge`, as the operator
+  renders them from the spec): the gang's shape, the ZeRO stage and offloads of its deepspeed.json, the pin;
 - the GPU's memory: `resources.gpu_memory_gib` where the job sets it (a GPU shared with other work, a MIG slice),
   else torch's `total_memory` of this process's device (`LOCAL_RANK`), the number vLLM's utilization multiplies;
   no CUDA device, no plan;
@@ -24,15 +25,14 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from colocgrpo_training.agreement import gather
-from colocgrpo_training.config import DeepSpeedSettings, MergePin, ResourceSettings, VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
-from colocgrpo_training.planner.inputs import PlanInputs, read_inputs
+from colocgrpo_training.planner.inputs import PlanInputs, resolve_inputs
 from colocgrpo_training.planner.micro_batches import PIN_FIELD, MicroBatchMerge, plan_micro_batches
+from colocgrpo_training.planner.request import PlanRequest
 from colocgrpo_training.planner.shapes import PlanInputError
 
 log = logging.getLogger("colocgrpo.micro_batches")
@@ -78,81 +78,45 @@ def _device_memory_gib() -> float | None:
         raise InvalidConfigError(f"cannot read this GPU's memory: {err}") from err
 
 
-def plan_inputs_for(
-    grpo: Mapping[str, Any],
-    *,
-    model: str,
-    dtype: str,
-    vllm: VLLMSettings,
-    max_prompt_tokens: int | None,
-    resources: ResourceSettings,
-    deepspeed: DeepSpeedSettings,
-    gpu_memory_gib: float,
-) -> PlanInputs:
-    """The planner's inputs for a job that runs as this process does (raises PlanInputError)."""
-    spec = {
-        "model": {"name": model, "dtype": dtype},
-        "resources": {"nodes": resources.nodes, "gpusPerNode": resources.gpus_per_node},
-        "deepspeed": {
-            "zeroStage": deepspeed.zero_stage,
-            "offloadOptimizer": deepspeed.offload_optimizer,
-            "offloadParams": deepspeed.offload_params,
-        },
-        "vllm": {
-            "tensorParallelSize": vllm.tensor_parallel_size,
-            "gpuMemoryUtilization": vllm.gpu_memory_utilization,
-            "sleepPolicy": vllm.sleep_policy.value,
-            "maxModelLen": vllm.max_model_len,
-            "maxNumSeqs": vllm.max_num_seqs,
-            "offloadTrainerState": vllm.offload_trainer_state,
-        },
-        "dataset": {"maxPromptTokens": max_prompt_tokens},
-        "trainerArgs": dict(grpo),
-    }
-    return read_inputs(spec, gpu_memory_gib=gpu_memory_gib)
+def merge_micro_batches(request: PlanRequest, *, revision: str | None = None) -> tuple[dict[str, Any], MicroBatchMerge]:
+    """`request.trainer_args` (GRPOConfig keyword arguments) rewritten with the merged micro-batch, and this process's
+    decision (`agree_merge` then makes one decision of every rank's).
 
+    Args:
+        request: the job as this process runs it (`planner.from_trainer_config`); `resources.gpu_memory_gib` None
+            plans for this process's GPU.
+        revision: the model's Hub revision, to read its config.json.
 
-def merge_micro_batches(
-    grpo: Mapping[str, Any],
-    *,
-    model: str,
-    dtype: str,
-    vllm: VLLMSettings,
-    max_prompt_tokens: int | None,
-    resources: ResourceSettings,
-    deepspeed: DeepSpeedSettings,
-    revision: str | None = None,
-    pin: MergePin = "auto",
-) -> tuple[dict[str, Any], MicroBatchMerge]:
-    """`grpo` rewritten with the merged micro-batch, and this process's decision (`agree_merge` then makes one
-    decision of every rank's)."""
-    world = resources.world_size
+    Raises:
+        InvalidConfigError: the pinned factor does not divide G and S or would change the step, or this GPU's memory
+            cannot be read.
+    """
+    grpo, pin = request.trainer_args, request.micro_batch_merge
     inputs: PlanInputs | None = None
     model_json: dict[str, Any] | None = None
     why = "no memory plan"
-    gpu = resources.gpu_memory_gib
-    if pin == "auto" and not vllm.enabled:
+    gpu = request.resources.gpu_memory_gib
+    if pin == "auto" and not request.vllm.enabled:
         why = "no memory plan: the planner covers jobs with colocated vLLM"
     elif pin == "auto" and gpu is None and (gpu := _device_memory_gib()) is None:
         why = "no memory plan: no CUDA device"
     elif pin != "off":
-        where, model_json = model_config(model, revision)  # a pinned factor is checked against it too
+        where, model_json = model_config(request.model, revision)  # a pinned factor is checked against it too
         if gpu is not None:
+            resources = request.resources.model_copy(update={"gpu_memory_gib": gpu})
             try:
-                inputs = plan_inputs_for(
-                    grpo,
-                    model=where,
-                    dtype=dtype,
-                    vllm=vllm,
-                    max_prompt_tokens=max_prompt_tokens,
-                    resources=resources,
-                    deepspeed=deepspeed,
-                    gpu_memory_gib=gpu,
-                )
+                inputs = resolve_inputs(dataclasses.replace(request, model=where, resources=resources))
             except PlanInputError as err:
                 why = f"no memory plan: {err}"
     try:
-        merge = plan_micro_batches(grpo, inputs, world_size=world, model_config=model_json, pin=pin, no_plan_reason=why)
+        merge = plan_micro_batches(
+            grpo,
+            inputs,
+            world_size=request.resources.world_size,
+            model_config=model_json,
+            pin=pin,
+            no_plan_reason=why,
+        )
     except ValueError as err:
         raise InvalidConfigError(f"{PIN_FIELD}: {err}") from err
     return merge.rewrite(grpo), merge

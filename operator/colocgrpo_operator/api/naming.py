@@ -25,8 +25,8 @@ KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 # The Job controller puts each pod's completion index (= node rank) in a label and an annotation
 # of this name (and in env JOB_COMPLETION_INDEX).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-# The GPU memory the planner assumes, per job (colocgrpo_training.planner.inputs reads it under
-# the same name: the trainer package does not depend on the operator's).
+# The GPU memory the planner assumes for a job that does not set spec.resources.gpuMemoryGiB
+# (render/plan_request.py reads it).
 GPU_MEMORY_ANNOTATION = f"{GROUP}/gpu-memory-gib"
 GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -80,7 +80,8 @@ PATTERN_MEANINGS = {
 }
 
 
-def _pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
+def pydantic_problems(error: ValidationError) -> list[tuple[str, str]]:
+    """(field path, message) of each of the model's complaints, worded for a user."""
     problems: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
     for item in error.errors(include_url=False):
@@ -382,7 +383,7 @@ def parse_job(obj: Any) -> ColocGRPOJob:
     try:
         job = ColocGRPOJob.model_validate(obj)
     except ValidationError as error:
-        problems.extend(_pydantic_problems(error))
+        problems.extend(pydantic_problems(error))
         # Report trainerArgs key problems too, so one run of `validate` shows everything.
         raw_args = spec_obj.get("trainerArgs") if isinstance(spec_obj := obj.get("spec"), dict) else None
         if isinstance(raw_args, dict):

@@ -92,7 +92,8 @@ def _print_rich(plan: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colocgrpo_training.planner import PlanInputError, plan_job
+    from colocgrpo_operator.render.plan_request import plan_job
+    from colocgrpo_training.planner import PlanInputError
 
     try:
         job, base_dir = _load_job(args.filename)

@@ -378,7 +378,7 @@ class ColocGRPOClient:
         """The memory planner's verdict on the job's stored spec, what `colocgrpo plan` prints for a file:
         per-GPU memory of both phases and the recommended vllm.gpuMemoryUtilization. Raises JobNotFound,
         or the planner's PlanInputError naming the field it cannot plan from."""
-        from colocgrpo_training.planner import plan_job
+        from colocgrpo_operator.render.plan_request import plan_job
 
         return plan_job(dict(self.get(name, namespace).object), gpu_memory_gib=gpu_memory_gib)
 

@@ -88,7 +88,7 @@ def _plan_warning(cr: dict[str, Any]) -> tuple[bool, str, str] | None:
     operator, and a planner error never blocks a job (it only loses its warning).
     """
     try:
-        from colocgrpo_training.planner import plan_job
+        from colocgrpo_operator.render.plan_request import plan_job
     except ImportError:
         return None
     try:

@@ -1,6 +1,6 @@
 """Pure renderer: a ColocGRPOJob in, the Kubernetes objects the operator creates out.
 
-    from colocgrpo_operator.render import render_children, render_trainer_config
+    from colocgrpo_operator.render import plan_job, render_children, render_trainer_config
 
 No cluster access and no owner references here (the operator adopts the children).
 """
@@ -16,6 +16,7 @@ from colocgrpo_operator.render.launch_config import (
     render_accelerate_yaml,
     render_deepspeed_json,
 )
+from colocgrpo_operator.render.plan_request import plan_job, plan_request
 from colocgrpo_operator.render.rbac import render_role, render_role_binding, render_service_account
 from colocgrpo_operator.render.trainer_config import render_trainer_config
 from colocgrpo_operator.render.workload import (
@@ -59,6 +60,8 @@ __all__ = [
     "deepspeed_config",
     "master_address",
     "needs_rendezvous_service",
+    "plan_job",
+    "plan_request",
     "render_accelerate_yaml",
     "render_batch_job",
     "render_children",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from colocgrpo_operator.api.model import ColocGRPOJob
 from colocgrpo_operator.api.naming import REWARD_MODULES_DIR
 from colocgrpo_training.config import (
@@ -9,6 +11,7 @@ from colocgrpo_training.config import (
     DatasetSettings,
     DeepSpeedSettings,
     JobRef,
+    MergePin,
     ModelSettings,
     ResourceSettings,
     RewardSettings,
@@ -40,28 +43,10 @@ def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:
         ),
         rewards=[RewardSettings(function=r.function, weight=r.weight) for r in spec.rewards],
         reward_modules_dir=REWARD_MODULES_DIR if spec.reward_modules else None,
-        resources=ResourceSettings(
-            nodes=spec.resources.nodes,
-            gpus_per_node=spec.resources.gpus_per_node,
-            gpu_memory_gib=spec.resources.gpu_memory_gib,
-        ),
-        deepspeed=DeepSpeedSettings(
-            zero_stage=spec.deepspeed.zero_stage,
-            offload_optimizer=spec.deepspeed.offload_optimizer,
-            offload_params=spec.deepspeed.offload_params,
-        ),
-        vllm=VLLMSettings(
-            # A CPU job has no GPU to colocate vLLM on; TRL then generates with transformers.
-            enabled=not job.is_cpu_job,
-            tensor_parallel_size=spec.vllm.tensor_parallel_size,
-            gpu_memory_utilization=spec.vllm.gpu_memory_utilization,
-            sleep_policy=spec.vllm.sleep_policy,
-            max_model_len=spec.vllm.max_model_len,
-            enable_prefix_caching=spec.vllm.enable_prefix_caching,
-            max_num_seqs=spec.vllm.max_num_seqs,
-            offload_trainer_state=spec.vllm.offload_trainer_state,
-        ),
-        training=TrainingSettings(micro_batch_merge=spec.training.micro_batch_merge),
+        resources=resource_settings(job),
+        deepspeed=deepspeed_settings(job),
+        vllm=vllm_settings(job),
+        training=TrainingSettings(micro_batch_merge=merge_pin(job)),
         checkpoint=CheckpointSettings(
             dir=spec.checkpoint.path,
             save_steps=spec.checkpoint.save_steps,
@@ -70,6 +55,45 @@ def render_trainer_config(job: ColocGRPOJob) -> TrainerConfig:
             save_total_limit=spec.checkpoint.save_total_limit,
         ),
         grpo=_grpo_args(job),
+    )
+
+
+def merge_pin(job: ColocGRPOJob) -> MergePin:
+    """spec.training.microBatchMerge: auto, off or a factor (the model's validator admits nothing else)."""
+    return cast(MergePin, job.spec.training.micro_batch_merge)
+
+
+def resource_settings(job: ColocGRPOJob) -> ResourceSettings:
+    """spec.resources as the trainer config carries it: the gang's shape and the memory per GPU."""
+    resources = job.spec.resources
+    return ResourceSettings(
+        nodes=resources.nodes, gpus_per_node=resources.gpus_per_node, gpu_memory_gib=resources.gpu_memory_gib
+    )
+
+
+def deepspeed_settings(job: ColocGRPOJob) -> DeepSpeedSettings:
+    """spec.deepspeed as the trainer config carries it: what render_deepspeed_json writes."""
+    deepspeed = job.spec.deepspeed
+    return DeepSpeedSettings(
+        zero_stage=deepspeed.zero_stage,
+        offload_optimizer=deepspeed.offload_optimizer,
+        offload_params=deepspeed.offload_params,
+    )
+
+
+def vllm_settings(job: ColocGRPOJob) -> VLLMSettings:
+    """spec.vllm as the trainer config carries it: the one writer of every vLLM setting the trainer passes on."""
+    vllm = job.spec.vllm
+    return VLLMSettings(
+        # A CPU job has no GPU to colocate vLLM on; TRL then generates with transformers.
+        enabled=not job.is_cpu_job,
+        tensor_parallel_size=vllm.tensor_parallel_size,
+        gpu_memory_utilization=vllm.gpu_memory_utilization,
+        sleep_policy=vllm.sleep_policy,
+        max_model_len=vllm.max_model_len,
+        enable_prefix_caching=vllm.enable_prefix_caching,
+        max_num_seqs=vllm.max_num_seqs,
+        offload_trainer_state=vllm.offload_trainer_state,
     )
 
 

@@ -1,17 +1,18 @@
-"""What the planner reads from a ColocGRPOJob spec, with TRL 1.16's defaults filled in.
+"""A `PlanRequest` resolved into the numbers the formulas take, with TRL 1.16's defaults filled in.
 
-The spec arrives as a plain dict (camelCase, as in YAML or from the API server) or as the typed
-`ColocGRPOJobSpec`; both become one `PlanInputs`. Only the fields that change memory are read.
+The request is typed (planner/request.py); only its `trainer_args`, TRL's own keyword arguments, are checked
+here. The model's shape comes from its config.json, the built-in table or its parameter count (shapes.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from colocgrpo_training.config import SleepPolicy
+from colocgrpo_training.planner.request import PlanRequest
 from colocgrpo_training.planner.shapes import (
     KNOWN_FAMILIES,
     ModelShape,
@@ -25,7 +26,6 @@ from colocgrpo_training.planner.shapes import (
 # H200 ("141 GB" on the datasheet; nvidia-smi: 143771 MiB): torch's total_memory, which vLLM's
 # gpu_memory_utilization multiplies, is 150,109,880,320 bytes = 139.8 GiB (measured, torch 2.11 / CUDA 13).
 DEFAULT_GPU_MEMORY_GIB = 139.8
-GPU_MEMORY_ANNOTATION = "colocgrpo.io/gpu-memory-gib"
 
 # TRL 1.16 / transformers defaults for the GRPOConfig arguments the plan depends on.
 TRL_DEFAULTS: dict[str, Any] = {
@@ -51,7 +51,7 @@ class PlanInputs:
     offload_parameters: bool
     tensor_parallel_size: int
     gpu_memory_utilization: float
-    sleep_policy: str
+    sleep_policy: SleepPolicy
     max_model_len: int  # effective: the spec's, else the model's context window
     max_num_seqs: int | None
     offload_trainer_state: bool
@@ -82,38 +82,6 @@ class PlanInputs:
         return min(batch, self.max_num_seqs) if self.max_num_seqs else batch
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def _as_mapping(spec: Any) -> Mapping[str, Any]:
-    if isinstance(spec, Mapping):
-        return spec
-    dump = getattr(spec, "model_dump", None)
-    if callable(dump):  # the typed ColocGRPOJobSpec (pydantic)
-        return dump(mode="json", by_alias=True)
-    raise PlanInputError("spec", f"expected a mapping or a ColocGRPOJobSpec, got {type(spec).__name__}")
-
-
-def _section(spec: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    value = spec.get(name)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise PlanInputError(f"spec.{name}", f"must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _get(section: Mapping[str, Any], *names: str, default: Any = None) -> Any:
-    """First present key among camelCase and snake_case spellings of `names`."""
-    for name in names:
-        for key in (_camel(name), name):
-            if section.get(key) is not None:
-                return section[key]
-    return default
-
-
 def _int(value: Any, field: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
         raise PlanInputError(field, f"must be an integer >= {minimum}, got {value!r}")
@@ -124,19 +92,6 @@ def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise PlanInputError(field, f"must be a number, got {value!r}")
     return float(value)
-
-
-def _truthy(value: Any) -> bool:
-    """DeepSpeed offload fields are "none" | "cpu" (| "nvme"); accept booleans too."""
-    if isinstance(value, str):
-        return value.strip().lower() not in ("", "none", "false", "off", "no")
-    return bool(value)
-
-
-def is_cpu_job(spec: Any) -> bool:
-    """gpusPerNode 0 (a CPU job) needs no model shape at all."""
-    resources = _section(_as_mapping(spec), "resources")
-    return _get(resources, "gpus_per_node", default=1) == 0
 
 
 def resolve_shape(name: str, parameter_count: Any, base_dir: Path | None) -> tuple[ModelShape, list[str]]:
@@ -172,46 +127,32 @@ def resolve_shape(name: str, parameter_count: Any, base_dir: Path | None) -> tup
     return shape, warnings
 
 
-def read_inputs(
-    spec: Any,
-    *,
-    base_dir: Path | None = None,
-    gpu_memory_gib: float | None = None,
-    annotations: Mapping[str, str] | None = None,
-) -> PlanInputs:
-    """Normalize a job spec into PlanInputs; raises PlanInputError naming the spec field at fault."""
-    spec = _as_mapping(spec)
-    model = _section(spec, "model")
-    resources = _section(spec, "resources")
-    vllm = _section(spec, "vllm")
-    deepspeed = _section(spec, "deepspeed")
-    dataset = _section(spec, "dataset")
-    trainer_args = _section(spec, "trainerArgs") or _section(spec, "trainer_args")
+def resolve_inputs(request: PlanRequest, *, base_dir: Path | None = None) -> PlanInputs:
+    """The planner's numbers for `request`; raises PlanInputError naming the spec field at fault.
+
+    Args:
+        request: the job.
+        base_dir: where a relative local model folder is looked up (the job file's folder); default the working
+            directory.
+    """
+    trainer_args = request.trainer_args
     assumptions: list[str] = []
     warnings: list[str] = []
 
-    name = _get(model, "name", "name_or_path")
-    if not isinstance(name, str) or not name:
-        raise PlanInputError("spec.model.name", "is required (a Hub id or a local directory)")
-    shape, shape_warnings = resolve_shape(name, _get(model, "parameter_count"), base_dir)
+    shape, shape_warnings = resolve_shape(request.model, request.parameter_count, base_dir)
     warnings.extend(shape_warnings)
 
-    dtype = str(_get(model, "dtype", default="bfloat16"))
-    if dtype not in DTYPE_BYTES:
-        raise PlanInputError("spec.model.dtype", f"must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    dtype = request.dtype
     if dtype == "auto":
         assumptions.append("dtype auto planned as bfloat16")
     if dtype == "float32":
         warnings.append("float32 weights: model states follow DeepSpeed's mixed-precision formulas (underestimate)")
 
-    nodes = _int(_get(resources, "nodes", default=1), "spec.resources.nodes", 1)
-    gpus_per_node = _int(_get(resources, "gpus_per_node", default=1), "spec.resources.gpusPerNode", 0)
-
-    zero_stage = _int(_get(deepspeed, "zero_stage", default=3), "spec.deepspeed.zeroStage", 0)
-    if zero_stage > 3:
-        raise PlanInputError("spec.deepspeed.zeroStage", f"must be 0-3, got {zero_stage}")
-    offload_optimizer = _truthy(_get(deepspeed, "offload_optimizer", default="none"))
-    offload_parameters = _truthy(_get(deepspeed, "offload_params", "offload_parameters", default="none"))
+    nodes, gpus_per_node = request.resources.nodes, request.resources.gpus_per_node
+    deepspeed = request.deepspeed
+    zero_stage = deepspeed.zero_stage
+    offload_optimizer = deepspeed.offload_optimizer != "none"
+    offload_parameters = deepspeed.offload_params != "none"
     if offload_parameters and zero_stage != 3:
         warnings.append(f"spec.deepspeed.offloadParams only exists in ZeRO-3; ignored at stage {zero_stage}")
         offload_parameters = False
@@ -223,21 +164,11 @@ def read_inputs(
         warnings.append("spec.deepspeed.offloadParams without offloadOptimizer: planned as both offloaded")
         offload_optimizer = True
 
-    tp = _int(_get(vllm, "tensor_parallel_size", default=1), "spec.vllm.tensorParallelSize", 1)
-    utilization = _number(_get(vllm, "gpu_memory_utilization", default=0.3), "spec.vllm.gpuMemoryUtilization")
-    if not 0 < utilization < 1:
-        raise PlanInputError("spec.vllm.gpuMemoryUtilization", f"must be in (0, 1), got {utilization}")
-    if _get(vllm, "gpu_memory_utilization") is None:
+    vllm = request.vllm
+    if "gpu_memory_utilization" not in vllm.model_fields_set:
         assumptions.append("gpuMemoryUtilization unset: vLLM gets the default 0.3")
-    sleep_policy = _get(vllm, "sleep_policy", default="auto")
-    sleep_policy = str(getattr(sleep_policy, "value", sleep_policy))
-    if sleep_policy not in ("off", "level1", "level2", "auto"):
-        raise PlanInputError("spec.vllm.sleepPolicy", f"must be off, level1, level2 or auto, got {sleep_policy!r}")
-    max_num_seqs = _get(vllm, "max_num_seqs")
-    if max_num_seqs is not None:
-        max_num_seqs = _int(max_num_seqs, "spec.vllm.maxNumSeqs", 1)
-    offload_trainer_state = bool(_get(vllm, "offload_trainer_state", default=False))
-    if offload_trainer_state and (zero_stage != 3 or offload_parameters or sleep_policy == "off"):
+    offload_trainer_state = vllm.offload_trainer_state
+    if offload_trainer_state and (zero_stage != 3 or offload_parameters or vllm.sleep_policy is SleepPolicy.OFF):
         # parse_job refuses these specs (api/validation.py); a plan of one credits nothing to the offload.
         warnings.append(
             "spec.vllm.offloadTrainerState needs ZeRO-3 without parameter offload and a sleeping policy: "
@@ -262,20 +193,17 @@ def read_inputs(
     gradient_checkpointing = bool(arg("gradient_checkpointing"))
     beta = _number(arg("beta"), "spec.trainerArgs.beta")
 
-    spec_max_len = _get(vllm, "max_model_len")
-    if spec_max_len is not None:
-        max_model_len = _int(spec_max_len, "spec.vllm.maxModelLen", 1)
+    if vllm.max_model_len is not None:
+        max_model_len = vllm.max_model_len
     else:
         max_model_len = shape.max_position_embeddings or 0
-    prompt = _get(dataset, "max_prompt_tokens")
-    if prompt is None:
-        prompt = trainer_args.get("max_prompt_length")
-    if prompt is not None:
-        prompt = _int(prompt, "spec.dataset.maxPromptTokens", 1)
-    elif spec_max_len is not None:
+    prompt = request.max_prompt_tokens
+    if prompt is None and trainer_args.get("max_prompt_length") is not None:
+        prompt = _int(trainer_args["max_prompt_length"], "spec.dataset.maxPromptTokens", 1)
+    if prompt is None and vllm.max_model_len is not None:
         prompt = max(1, max_model_len - completion)
         assumptions.append(f"maxPromptTokens unset: prompts assumed up to maxModelLen - completion = {prompt} tokens")
-    else:
+    elif prompt is None:
         prompt = 512
         assumptions.append("maxPromptTokens unset: prompts assumed up to 512 tokens")
     if not max_model_len:
@@ -283,29 +211,15 @@ def read_inputs(
         assumptions.append(
             f"maxModelLen unset and unknown for this model: assumed prompt + completion = {max_model_len}"
         )
-    elif spec_max_len is None:
+    elif vllm.max_model_len is None:
         assumptions.append(
             f"maxModelLen unset: vLLM uses the model's context window, {max_model_len} tokens, and must fit one "
             "such sequence in its KV cache; set spec.vllm.maxModelLen to prompt + completion to need less"
         )
 
-    gib = gpu_memory_gib
-    if gib is None:
-        gib = resources.get("gpuMemoryGiB", resources.get("gpu_memory_gib"))
-    if gib is None and annotations and annotations.get(GPU_MEMORY_ANNOTATION):
-        try:
-            gib = float(annotations[GPU_MEMORY_ANNOTATION])
-        except ValueError:
-            raise PlanInputError(
-                f"metadata.annotations[{GPU_MEMORY_ANNOTATION}]",
-                f"must be a number of GiB, got {annotations[GPU_MEMORY_ANNOTATION]!r}",
-            ) from None
-    gib = DEFAULT_GPU_MEMORY_GIB if gib is None else _number(gib, "gpu memory (GiB)")
-    if gib <= 0:
-        raise PlanInputError("gpu memory (GiB)", f"must be positive, got {gib}")
-
+    gib = request.resources.gpu_memory_gib
     return PlanInputs(
-        model_name=name,
+        model_name=request.model,
         shape=shape,
         parameter_count=shape.parameter_count(),
         dtype_bytes=DTYPE_BYTES[dtype],
@@ -314,11 +228,11 @@ def read_inputs(
         zero_stage=zero_stage,
         offload_optimizer=offload_optimizer,
         offload_parameters=offload_parameters,
-        tensor_parallel_size=tp,
-        gpu_memory_utilization=utilization,
-        sleep_policy=sleep_policy,
+        tensor_parallel_size=vllm.tensor_parallel_size,
+        gpu_memory_utilization=vllm.gpu_memory_utilization,
+        sleep_policy=vllm.sleep_policy,
         max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=vllm.max_num_seqs,
         offload_trainer_state=offload_trainer_state,
         per_device_train_batch_size=batch,
         steps_per_generation=steps_per_generation,
@@ -326,7 +240,7 @@ def read_inputs(
         completion_tokens=completion,
         gradient_checkpointing=gradient_checkpointing,
         beta=beta,
-        gpu_memory_gib=gib,
+        gpu_memory_gib=DEFAULT_GPU_MEMORY_GIB if gib is None else gib,
         assumptions=tuple(assumptions),
         warnings=tuple(warnings),
     )

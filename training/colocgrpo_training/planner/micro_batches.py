@@ -231,7 +231,7 @@ def plan_micro_batches(
 
     Args:
         grpo: GRPOConfig keyword arguments (TRL's names; unset keys take TRL's defaults).
-        inputs: the memory planner's inputs for this job as configured (`inputs.read_inputs`); None when there is
+        inputs: the memory planner's inputs for this job as configured (`inputs.resolve_inputs`); None when there is
             no plan (a CPU job, an unknown model): nothing merges then unless `pin` names a factor.
         world_size: training processes (resolves steps_per_generation from generation_batch_size).
         model_config: the model's config.json, for the rules that depend on the model (router loss, dropout).

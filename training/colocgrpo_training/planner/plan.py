@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from colocgrpo_training.config import SleepPolicy
 from colocgrpo_training.planner import formulas as f
-from colocgrpo_training.planner.inputs import PlanInputs, is_cpu_job, read_inputs
+from colocgrpo_training.planner.inputs import PlanInputs, resolve_inputs
+from colocgrpo_training.planner.request import PlanRequest
 
 if TYPE_CHECKING:  # micro_batches imports this module
     from colocgrpo_training.planner.micro_batches import MicroBatchMerge
@@ -216,7 +217,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     vllm_minimum = fixed + kv_one
     vllm_needed = fixed + max(kv_one, kv_batch)
     budget = int(i.gpu_memory_utilization * gpu)
-    sleeping = i.sleep_policy != "off"
+    sleeping = i.sleep_policy is not SleepPolicy.OFF
 
     stage = f"ZeRO-{i.zero_stage}"
     offload = " (optimizer offloaded to CPU)" if i.offload_optimizer else ""
@@ -447,99 +448,47 @@ def generation_trainer_terms(
     return out, sum(moved.values())
 
 
-def plan_from_spec(
-    spec: Any,
-    *,
-    base_dir: str | Path | None = None,
-    gpu_memory_gib: float | None = None,
-    annotations: Mapping[str, str] | None = None,
-) -> MemoryPlan:
-    """Plan a job spec: per-GPU memory of the training and generation phases, and the vLLM reservation.
+def plan(request: PlanRequest, *, base_dir: str | Path | None = None) -> MemoryPlan:
+    """Plan a job: per-GPU memory of the training and generation phases, the vLLM reservation, and the training
+    micro-batch the trainer would run.
 
     Args:
-        spec (`dict` or `ColocGRPOJobSpec`):
-            The job's `spec`, as a camelCase dict (YAML, the API server) or the typed model. Fields the plan
-            does not read are ignored.
+        request ([`PlanRequest`]):
+            The job, typed: `colocgrpo_operator.render.plan_request` builds it from a ColocGRPOJob,
+            `request.from_trainer_config` from a trainer config.
         base_dir (`str` or `Path`, *optional*):
-            Where a relative `spec.model.name` directory (one with a `config.json`) is looked up, e.g. the job
-            file's folder. Defaults to the working directory.
-        gpu_memory_gib (`float`, *optional*):
-            Memory per GPU in GiB, as torch's `total_memory` counts it. Defaults to the annotation
-            `colocgrpo.io/gpu-memory-gib` in `annotations`, else `DEFAULT_GPU_MEMORY_GIB` (an H200).
-        annotations (`Mapping[str, str]`, *optional*):
-            The job's `metadata.annotations`.
+            Where a relative local model directory (one with a `config.json`) is looked up, e.g. the job file's
+            folder. Defaults to the working directory.
 
     Returns:
         [`MemoryPlan`]: `fits`; the per-GPU peaks `per_gpu_training_gib`, `per_gpu_generation_gib` and
         `per_gpu_vllm_gib`; `recommended_gpu_memory_utilization` and the workable `utilization_range`
-        (`(low, high)`); the `problems` that keep it from fitting, `warnings`, `assumptions`, and every
-        `terms` entry (phase, name, bytes). A CPU job (`gpusPerNode` 0) gets a plan that fits with nothing in
-        it. The formulas and their sources: docs/planner.md.
-
-    Raises:
-        PlanInputError: the spec cannot be planned, e.g. an unknown model without `spec.model.parameterCount`
-            or a GPU-memory annotation that is not a number; `.field` names the field to fix.
-    """
-    if is_cpu_job(spec):
-        return cpu_job_plan()
-    inputs = read_inputs(
-        spec,
-        base_dir=Path(base_dir) if base_dir is not None else None,
-        gpu_memory_gib=gpu_memory_gib,
-        annotations=annotations,
-    )
-    plan = plan_inputs(inputs)
-    plan.micro_batches = _micro_batches(spec, inputs)
-    return plan
-
-
-def _micro_batches(spec: Any, inputs: PlanInputs) -> MicroBatchMerge | None:
-    """The merge the trainer's processes would agree on for this spec on GPUs of `inputs.gpu_memory_gib`, with the
-    pin the job sets in `spec.training.microBatchMerge`; None where it cannot be planned."""
-    from colocgrpo_training.planner.micro_batches import plan_micro_batches
-
-    data = spec.model_dump(by_alias=True) if hasattr(spec, "model_dump") else spec
-    if not isinstance(data, Mapping):
-        return None
-    grpo = data.get("trainerArgs") or {}
-    pin = (data.get("training") or {}).get("microBatchMerge", "auto")
-    if pin not in ("auto", "off") and not (isinstance(pin, int) and not isinstance(pin, bool) and pin >= 1):
-        pin = "auto"  # the API refuses it, naming the field; the plan shows what auto would do
-    try:
-        return plan_micro_batches(grpo, inputs, world_size=inputs.nodes * inputs.gpus_per_node, pin=pin)
-    except ValueError:
-        return None  # a pinned factor the trainer refuses: the trainer's own error names it
-
-
-def plan_job(job: Any, *, gpu_memory_gib: float | None = None, base_dir: str | Path | None = None) -> MemoryPlan:
-    """Plan a whole job: the entry point of the operator (the `PlanWarning` condition) and `colocgrpo plan`.
-
-    Args:
-        job (`dict` or `ColocGRPOJob`):
-            The job as a dict (YAML, the API server) or the typed model. Its `metadata.annotations` may set the
-            memory per GPU (`colocgrpo.io/gpu-memory-gib`).
-        gpu_memory_gib (`float`, *optional*):
-            Memory per GPU in GiB; wins over the annotation. Defaults as in `plan_from_spec`.
-        base_dir (`str` or `Path`, *optional*):
-            Where a relative local model directory is looked up (`colocgrpo plan` passes the job file's folder).
-
-    Returns:
-        [`MemoryPlan`]: as `plan_from_spec`. `plan.lines()` renders it as text, `plan.to_dict()` as JSON,
+        (`(low, high)`); the `problems` that keep it from fitting, `warnings`, `assumptions`, every `terms` entry
+        (phase, name, bytes), and `micro_batches`, the merge the trainer's processes would agree on with the
+        request's pin. A CPU job (`gpusPerNode` 0) gets a plan that fits with nothing in it. The formulas and
+        their sources: docs/planner.md. `plan.lines()` renders it as text, `plan.to_dict()` as JSON,
         `plan.condition_message()` as one paragraph.
 
     Raises:
-        PlanInputError: the job has no `spec`, or the spec cannot be planned (see `plan_from_spec`); `.field`
-            names the field to fix.
+        PlanInputError: the request cannot be planned, e.g. an unknown model without a parameter count or a
+            trainer argument of the wrong type; `.field` names the spec field to fix.
     """
-    if isinstance(job, Mapping):
-        spec = job.get("spec")
-        metadata = job.get("metadata") or {}
-        annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    else:
-        spec = job.spec
-        annotations = getattr(getattr(job, "metadata", None), "annotations", None)
-    if spec is None:
-        from colocgrpo_training.planner.shapes import PlanInputError
+    if request.is_cpu_job:
+        return cpu_job_plan()
+    inputs = resolve_inputs(request, base_dir=Path(base_dir) if base_dir is not None else None)
+    memory = plan_inputs(inputs)
+    memory.micro_batches = _micro_batches(request, inputs)
+    return memory
 
-        raise PlanInputError("spec", "is required")
-    return plan_from_spec(spec, base_dir=base_dir, gpu_memory_gib=gpu_memory_gib, annotations=annotations or {})
+
+def _micro_batches(request: PlanRequest, inputs: PlanInputs) -> MicroBatchMerge | None:
+    """The merge the trainer's processes would agree on for this job on GPUs of `inputs.gpu_memory_gib`, with its
+    pin; None where the trainer refuses the pin (its own error names it)."""
+    from colocgrpo_training.planner.micro_batches import plan_micro_batches
+
+    try:
+        return plan_micro_batches(
+            request.trainer_args, inputs, world_size=request.resources.world_size, pin=request.micro_batch_merge
+        )
+    except ValueError:
+        return None
