@@ -122,7 +122,8 @@ def test_merged_micro_batches_train_the_same_model(loss_type, short_model, tmp_p
 def test_bnpo_merged_trains_a_different_model(short_model, tmp_path):
     # bnpo divides each micro-batch by its own token count: merged, rows are weighted differently. The rule refuses
     # it (test_micro_batches.py); forced here, the step really changes.
-    from colocgrpo_training.planner.micro_batches import MicroBatchMerge, exactness_problems
+    from colocgrpo_training.planner.merge import MicroBatchMerge
+    from colocgrpo_training.planner.micro_batches import exactness_problems
 
     kwargs = settings("bnpo", tmp_path)
     assert exactness_problems(kwargs)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from colocgrpo_training.config import SleepPolicy, TrainerConfig
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.micro_batching import agree_merge, merge_micro_batches
-from colocgrpo_training.planner.micro_batches import MicroBatchMerge
+from colocgrpo_training.planner.merge import MicroBatchMerge
 from colocgrpo_training.planner.request import from_trainer_config
 
 if TYPE_CHECKING:

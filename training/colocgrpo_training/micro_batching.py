@@ -31,7 +31,8 @@ from typing import Any
 from colocgrpo_training.agreement import gather
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs, resolve_inputs
-from colocgrpo_training.planner.micro_batches import PIN_FIELD, MicroBatchMerge, plan_micro_batches
+from colocgrpo_training.planner.merge import MicroBatchMerge
+from colocgrpo_training.planner.micro_batches import PIN_FIELD, plan_micro_batches
 from colocgrpo_training.planner.request import PlanRequest
 from colocgrpo_training.planner.shapes import PlanInputError
 

@@ -12,7 +12,9 @@ docs/planner.md gives the formulas and their sources.
 """
 
 from colocgrpo_training.planner.inputs import DEFAULT_GPU_MEMORY_GIB, PlanInputs, resolve_inputs
-from colocgrpo_training.planner.plan import MemoryPlan, Term, plan, plan_inputs
+from colocgrpo_training.planner.job import plan
+from colocgrpo_training.planner.merge import MicroBatchMerge
+from colocgrpo_training.planner.plan import MemoryPlan, Term, plan_inputs
 from colocgrpo_training.planner.request import PlanRequest, from_trainer_config
 from colocgrpo_training.planner.shapes import BUILTIN_SHAPES, ModelShape, PlanInputError
 
@@ -20,6 +22,7 @@ __all__ = [
     "BUILTIN_SHAPES",
     "DEFAULT_GPU_MEMORY_GIB",
     "MemoryPlan",
+    "MicroBatchMerge",
     "ModelShape",
     "PlanInputError",
     "PlanInputs",
