@@ -95,6 +95,15 @@ def deepspeed_file_key(contender: str) -> str:
     return f"{choice}-offload" if choice == "product" and offload else choice
 
 
+def builds_sleep_mode(contender: str) -> bool:
+    """GRPOConfig's vllm_enable_sleep_mode: TRL's sleep switch for TRL's contenders; for ours, whether vLLM is built
+    with sleep mode, as the trainer config's policy says (every policy but off; the policy decides when it sleeps)."""
+    trainer = contender.partition("@")[0]
+    if trainer.startswith("ours-"):
+        return trainer.removeprefix("ours-").removesuffix("-offload") != "off"
+    return trainer in ("trl-sleep", "trl-best")
+
+
 def grpo_kwargs(
     contender: str,
     out: Path,
@@ -132,7 +141,7 @@ def grpo_kwargs(
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=util,
         vllm_max_model_length=config["max_model_len"],
-        vllm_enable_sleep_mode=contender.partition("@")[0] in ("trl-sleep", "trl-best"),
+        vllm_enable_sleep_mode=builds_sleep_mode(contender),
         vllm_tensor_parallel_size=tensor_parallel_size,
         model_init_kwargs={"dtype": "float32" if cpu else "bfloat16"},
         # accelerate hands DeepSpeed no backend on a machine without CUDA (and then counts one process);

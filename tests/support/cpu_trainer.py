@@ -32,9 +32,12 @@ def cpu_trainer(
 
     from colocgrpo_training.config import VLLMSettings
     from colocgrpo_training.generation import ColocGRPOTrainer
+    from colocgrpo_training.grpo_args import vllm_args
 
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}]} for i in range(prompts)]
+    settings = VLLMSettings(sleep_policy=policy)
     config = {
+        **vllm_args(settings),
         "output_dir": str(out_dir),
         "report_to": [],
         "use_cpu": True,
@@ -49,6 +52,6 @@ def cpu_trainer(
         reward_funcs=[length_reward],
         args=GRPOConfig(**config),
         train_dataset=Dataset.from_list(rows),
-        generation_settings=VLLMSettings(sleep_policy=policy),
+        generation_settings=settings,
         **(trainer_options or {}),
     )

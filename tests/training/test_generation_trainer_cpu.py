@@ -118,3 +118,39 @@ def test_tool_calling_is_refused_up_front(option, tiny_model_dir, tmp_path):
             generation_settings=VLLMSettings(),
             **{option: value},
         )
+
+
+def test_a_grpo_config_whose_vllm_settings_differ_is_refused(tiny_model_dir, tmp_path):
+    # Each vLLM setting has one writer (grpo_args.vllm_args); the trainer checks its GRPOConfig against it.
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from colocgrpo_training.config import VLLMSettings
+    from colocgrpo_training.generation import ColocGRPOTrainer
+    from colocgrpo_training.grpo_args import vllm_args
+    from support.cpu_trainer import length_reward
+
+    settings = VLLMSettings(tensor_parallel_size=2, sleep_policy="level1")
+    given = {**vllm_args(settings), "vllm_tensor_parallel_size": 4, "vllm_enable_sleep_mode": False}
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], num_generations=2, **given)
+    with pytest.raises(ValueError, match="differ from generation_settings") as refused:
+        ColocGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=[length_reward],
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "What is 1 + 1?"}] * 4),
+            generation_settings=settings,
+        )
+    assert "vllm_tensor_parallel_size is 4 where vllm.tensorParallelSize sets 2" in str(refused.value)
+    assert "vllm_enable_sleep_mode is False where vllm.sleepPolicy sets True" in str(refused.value)
+
+
+def test_the_engine_refuses_trl_arguments_that_differ():
+    from colocgrpo_training.config import VLLMSettings
+    from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+
+    settings = VLLMSettings(tensor_parallel_size=2, gpu_memory_utilization=0.4, sleep_policy="off")
+    with pytest.raises(ValueError, match="tensor_parallel_size is 1 where vllm.tensorParallelSize sets 2"):
+        ColocatedVLLM(None, None, None, settings=settings, tensor_parallel_size=1)
+    with pytest.raises(ValueError, match="enable_sleep_mode is True where vllm.sleepPolicy sets False"):
+        ColocatedVLLM(None, None, None, settings=settings, enable_sleep_mode=True)

@@ -8,9 +8,10 @@ trainer checks again because a hand-written config skips the operator).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from colocgrpo_training.config import SleepPolicy, TrainerConfig
+from colocgrpo_training.config import SleepPolicy, TrainerConfig, VLLMSettings
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.micro_batching import agree_merge, merge_micro_batches
 from colocgrpo_training.planner.merge import MicroBatchMerge
@@ -46,6 +47,54 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# TRL's name of each vLLM setting in GRPOConfig, and in the keyword arguments GRPOTrainer builds its
+# VLLMGeneration (our ColocatedVLLM) with: GRPOTrainer passes the one as the other.
+ENGINE_ARGUMENTS: dict[str, str] = {
+    "vllm_mode": "mode",
+    "vllm_tensor_parallel_size": "tensor_parallel_size",
+    "vllm_gpu_memory_utilization": "gpu_memory_utilization",
+    "vllm_max_model_length": "max_model_length",
+    "vllm_enable_sleep_mode": "enable_sleep_mode",
+}
+
+
+def vllm_args(vllm: VLLMSettings) -> dict[str, Any]:
+    """The GRPOConfig keys `vllm` sets: the one writer of each vLLM setting on its way from the trainer config to
+    `LLM(...)`. `ColocGRPOTrainer` and `ColocatedVLLM` check what reaches them against it (`vllm_mismatches`) and
+    refuse a difference; they overwrite nothing.
+
+    `vllm_enable_sleep_mode` says whether vLLM is built with its sleep mode, which every policy but `off` needs;
+    when it sleeps, and how deep, is the policy's (`SleepController`), never TRL's: `ColocatedVLLM` overrides every
+    TRL method that would sleep or wake on that flag."""
+    if not vllm.enabled:
+        return {"use_vllm": False}
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_tensor_parallel_size": vllm.tensor_parallel_size,
+        "vllm_gpu_memory_utilization": vllm.gpu_memory_utilization,
+        "vllm_max_model_length": vllm.max_model_len,
+        "vllm_enable_sleep_mode": vllm.sleep_policy is not SleepPolicy.OFF,
+    }
+
+
+def vllm_mismatches(vllm: VLLMSettings, given: Mapping[str, Any], *, engine: bool = False) -> list[str]:
+    """Where `given` holds another value than `vllm_args(vllm)` writes, one line each; a key it lacks is no
+    difference.
+
+    Args:
+        vllm: the trainer config's vLLM settings.
+        given: GRPOConfig's fields, or with `engine` the keyword arguments TRL builds its engine with.
+        engine: `given` uses the engine's names (`ENGINE_ARGUMENTS`); `use_vllm` is not among them.
+    """
+    problems = []
+    for key, value in vllm_args(vllm).items():
+        name = ENGINE_ARGUMENTS.get(key) if engine else key
+        if name is not None and name in given and given[name] != value:
+            problems.append(f"{name} is {given[name]!r} where {OWNED_KEYS[key]} sets {value!r}")
+    return problems
+
+
 def grpo_kwargs(config: TrainerConfig, reward_weights: list[float] | None = None) -> dict[str, Any]:
     passthrough = dict(config.grpo)
     clashes = sorted(key for key in passthrough if key in OWNED_KEYS)
@@ -66,15 +115,7 @@ def grpo_kwargs(config: TrainerConfig, reward_weights: list[float] | None = None
         kwargs["save_strategy"] = "no"  # a SIGTERM still saves (SaveOnTermination)
     kwargs["save_total_limit"] = checkpoint.save_total_limit
 
-    vllm = config.vllm
-    kwargs["use_vllm"] = vllm.enabled
-    if vllm.enabled:
-        kwargs["vllm_mode"] = "colocate"
-        kwargs["vllm_tensor_parallel_size"] = vllm.tensor_parallel_size
-        kwargs["vllm_gpu_memory_utilization"] = vllm.gpu_memory_utilization
-        kwargs["vllm_enable_sleep_mode"] = vllm.sleep_policy != SleepPolicy.OFF
-        if vllm.max_model_len is not None:
-            kwargs["vllm_max_model_length"] = vllm.max_model_len
+    kwargs.update(vllm_args(config.vllm))
 
     dtype = config.model.dtype
     kwargs["bf16"] = dtype == "bfloat16"

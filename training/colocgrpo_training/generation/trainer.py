@@ -46,6 +46,7 @@ from colocgrpo_training.generation.old_logps import (
 )
 from colocgrpo_training.generation.schedules import predict_next_generate
 from colocgrpo_training.generation.vllm_engine import ColocatedVLLM
+from colocgrpo_training.grpo_args import vllm_mismatches
 from colocgrpo_training.planner.micro_batches import dropout_settings
 from colocgrpo_training.verdict import stage
 
@@ -111,8 +112,9 @@ class ColocGRPOTrainer(GRPOTrainer):
 
     With `generation_settings.enabled` False it is TRL's GRPOTrainer generating with
     transformers (the CPU path). `args` keeps every TRL option; the vLLM options that
-    VLLMSettings owns are set from it (use_vllm, vllm_mode="colocate", TP size, memory
-    utilization, max model length) and TRL's own sleep mode is kept off.
+    VLLMSettings owns (use_vllm, vllm_mode, TP size, memory utilization, max model length,
+    sleep mode) must be the ones `grpo_args.vllm_args` writes from it: a difference is a
+    ValueError naming each, never overwritten.
 
     `defer_old_logps` (default True): with vLLM's importance-sampling correction on (TRL's default),
     `num_iterations` 1, no dropout and steps_per_generation a multiple of gradient_accumulation_steps or
@@ -161,15 +163,15 @@ class ColocGRPOTrainer(GRPOTrainer):
                 "vLLM yet: ranks would make different numbers of generate calls, and every generate is a "
                 "collective over all ranks"
             )
-        grpo_args.use_vllm = generation_settings.enabled
+        mismatches = vllm_mismatches(generation_settings, vars(grpo_args))
+        if mismatches:
+            raise ValueError(
+                "the GRPOConfig's vLLM settings differ from generation_settings (build them with "
+                f"grpo_args.vllm_args): {'; '.join(mismatches)}"
+            )
         if not generation_settings.enabled:
             super().__init__(*args, **kwargs)
             return
-        grpo_args.vllm_mode = "colocate"
-        grpo_args.vllm_tensor_parallel_size = generation_settings.tensor_parallel_size
-        grpo_args.vllm_gpu_memory_utilization = generation_settings.gpu_memory_utilization
-        grpo_args.vllm_max_model_length = generation_settings.max_model_len
-        grpo_args.vllm_enable_sleep_mode = False  # the controller owns sleeping
         factory = functools.partial(
             ColocatedVLLM, settings=generation_settings, seed=grpo_args.seed, bucket_bytes=bucket_bytes
         )

@@ -6,8 +6,9 @@ methods: `_init_vllm` (our engine settings, TP groups from `tp_groups`, the poli
 controller), `sync_weights` (TRL calls it when the global step changes; here it only
 notes that the trainer moved on: pushing is the controller's decision at the next
 generate) and `generate` (controller-driven wake/push/sleep, per-request seeds within a
-TP group). TRL's own sleep handling stays disabled (`enable_sleep_mode=False` towards the
-parent class) so that there is one owner of the engine's state.
+TP group). Those three are every TRL method that sleeps or wakes the engine on its
+`enable_sleep_mode`, so the controller is the one owner of the engine's state; the flag
+only says whether vLLM is built with sleep mode.
 
 torch and TRL are imported with this module; vLLM only when an engine is built.
 """
@@ -40,6 +41,7 @@ from colocgrpo_training.generation.tp_groups import (
     request_seeds,
     slice_back,
 )
+from colocgrpo_training.grpo_args import ENGINE_ARGUMENTS, vllm_args, vllm_mismatches
 from colocgrpo_training.verdict import AgreedError, stage
 
 log = logging.getLogger("colocgrpo.generation")
@@ -83,8 +85,8 @@ class ColocatedVLLM(VLLMGeneration):
             Tokenizer or processor, as for TRL's `VLLMGeneration`.
         settings ([`VLLMSettings`]):
             The job's `spec.vllm` as the trainer config carries it: tensor-parallel size, GPU memory utilization,
-            max model length, max sequences, prefix caching, sleep policy and trainer-state offload. These win
-            over the same TRL arguments in `trl_kwargs`.
+            max model length, max sequences, prefix caching, sleep policy and trainer-state offload. TRL's
+            arguments in `trl_kwargs` must agree with them.
         seed (`int`, *optional*, defaults to `0`):
             Base seed. The engine's seed is equal within a TP group; with TP > 1 each request also carries a seed
             derived from it, the group and the generate count (`tp_groups.request_seeds`).
@@ -101,8 +103,9 @@ class ColocatedVLLM(VLLMGeneration):
         **trl_kwargs:
             TRL's other `VLLMGeneration` arguments: sampling (`temperature`, `top_p`, `top_k`, `min_p`,
             `repetition_penalty`, `max_completion_length`, `logprobs`, `generation_kwargs`,
-            `structured_outputs_regex`), `model_impl`, `trust_remote_code`. `mode` is always `"colocate"`, and
-            TRL's own `enable_sleep_mode` is always off.
+            `structured_outputs_regex`), `model_impl`, `trust_remote_code`. Its vLLM settings (`mode`,
+            `tensor_parallel_size`, `gpu_memory_utilization`, `max_model_length`, `enable_sleep_mode`) must be the
+            ones `grpo_args.vllm_args` writes from `settings`; those left out are taken from there.
 
     Hooks the owner sets after construction:
         weight_version (`Callable[[], Hashable]`):
@@ -115,6 +118,7 @@ class ColocatedVLLM(VLLMGeneration):
             whether any generate follows. `auto` chooses its sleep level from it; None reads as "no push due".
 
     Raises:
+        ValueError: a vLLM setting in `trl_kwargs` differs from the one `settings` gives.
         ImportError: vLLM is not installed (it is imported when the engine is built).
         TPLayoutError: `settings.tensor_parallel_size` does not divide the GPUs per node, or the world size is
             not a multiple of the GPUs per node.
@@ -142,7 +146,7 @@ class ColocatedVLLM(VLLMGeneration):
         **trl_kwargs: Any,
     ) -> None:
         self.settings = settings
-        self.sleep_policy = SleepPolicy(settings.sleep_policy)
+        self.sleep_policy = settings.sleep_policy
         self.seed = seed
         self.bucket_bytes = bucket_bytes
         self.gpus_per_node = gpus_per_node or _env_int("LOCAL_WORLD_SIZE")
@@ -153,14 +157,16 @@ class ColocatedVLLM(VLLMGeneration):
         self._generation_index = 0
         self.offload_seconds = 0.0
         self.generate_seconds = 0.0
-        trl_kwargs.update(
-            mode="colocate",
-            tensor_parallel_size=settings.tensor_parallel_size,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            max_model_length=settings.max_model_len,
-            # TRL's own sleep code paths stay off: the controller owns sleeping.
-            enable_sleep_mode=False,
-        )
+        # Each vLLM setting TRL passes on is the one grpo_args.vllm_args wrote into GRPOConfig from `settings`:
+        # checked here, never overwritten. A caller that passes none of them (tests, benchmarks) gets them
+        # from the same writer.
+        mismatches = vllm_mismatches(settings, trl_kwargs, engine=True)
+        if mismatches:
+            raise ValueError(f"TRL's engine arguments differ from the vLLM settings: {'; '.join(mismatches)}")
+        for key, value in vllm_args(settings).items():
+            if key in ENGINE_ARGUMENTS:
+                trl_kwargs.setdefault(ENGINE_ARGUMENTS[key], value)
+        # spec.vllm.maxNumSeqs, where set, replaces TRL's B x TP x S (as a cap on the engine's batch).
         if settings.max_num_seqs is not None:
             trl_kwargs["max_num_seqs"] = settings.max_num_seqs
         super().__init__(model, accelerator, processing_class, **trl_kwargs)
@@ -183,8 +189,6 @@ class ColocatedVLLM(VLLMGeneration):
         os.environ["WORLD_SIZE"] = str(world)
         ensure_master_addr_port()
 
-        # Fixed for the engine's life: vLLM cannot switch sleep mode on after it is built.
-        self.sleep_mode_enabled = self.sleep_policy is not SleepPolicy.OFF
         start = time.perf_counter()
         self.llm = LLM(
             model=self.model.name_or_path,
@@ -192,7 +196,8 @@ class ColocatedVLLM(VLLMGeneration):
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_length,
             max_num_seqs=self.max_num_seqs,
-            enable_sleep_mode=self.sleep_mode_enabled,
+            # Fixed for the engine's life: vLLM cannot switch sleep mode on after it is built.
+            enable_sleep_mode=self.enable_sleep_mode,
             enable_prefix_caching=self.settings.enable_prefix_caching,
             model_impl=self.model_impl,
             distributed_executor_backend="external_launcher",
@@ -309,7 +314,7 @@ class ColocatedVLLM(VLLMGeneration):
         policy = SleepPolicy(policy)
         # The build-time setting decides, not the current policy: an engine built with sleep
         # mode may switch to "off" and back.
-        if policy is not SleepPolicy.OFF and not self.sleep_mode_enabled:
+        if policy is not SleepPolicy.OFF and not self.enable_sleep_mode:
             raise ValueError("the engine was built without sleep mode; build it with a sleeping policy")
         version = self.weight_version()
         self.controller.prepare(self, version)
