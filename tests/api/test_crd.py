@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from colocgrpo_operator.api import JobSpecError, generate_crd, parse_job
-from colocgrpo_operator.api.crd import crd_yaml, structural_problems
+from colocgrpo_operator.api.crd import cel_rule, crd_yaml, structural_problems
+from colocgrpo_training.rules import RULES
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml"
@@ -169,7 +170,13 @@ def test_bounds_in_openapi_v3_0_form(schema):
 
 def test_cel_rules_cover_the_cross_field_contract(schema):
     spec_rules = " ".join(r["rule"] for r in schema["properties"]["spec"]["x-kubernetes-validations"])
-    assert "gpusPerNode % self.vllm.tensorParallelSize == 0" in spec_rules
+    assert (
+        "self.resources.gpusPerNode : 1) % (" in spec_rules and "self.vllm.tensorParallelSize : 1) == 0" in spec_rules
+    )
+    # Every rule of the table that CEL can say is in the CRD, on the spec or on each item of its list.
+    tolerations = schema["properties"]["spec"]["properties"]["scheduling"]["properties"]["tolerations"]["items"]
+    generated = schema["properties"]["spec"]["x-kubernetes-validations"] + tolerations["x-kubernetes-validations"]
+    assert [cel_rule(rule) for rule in RULES if rule.cel is not None] == generated
     root_rules = schema["x-kubernetes-validations"]
     paths = [r.get("fieldPath") for r in root_rules]
     assert paths.count(".metadata.name") == 2

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from colocgrpo_operator.api import parse_job
+from colocgrpo_operator.api import JobSpecError, parse_job
 from colocgrpo_operator.render import render_children
+from colocgrpo_training import rules
+from support.rule_cases import broken
 
 pytestmark = pytest.mark.cluster
 
@@ -95,6 +97,19 @@ def test_api_server_rejects_with_the_field_named(crd_installed, namespace, mutat
     result = create(crd_installed, namespace, obj)
     assert result.returncode != 0
     assert expected in result.stderr
+
+
+@pytest.mark.parametrize("rule", [rule for rule in rules.RULES if rule.cel is not None], ids=lambda rule: rule.name)
+def test_the_api_server_says_what_validate_says_of_each_broken_rule(crd_installed, namespace, rule):
+    # One table gives both readers their rule and their words, values included (the CEL's messageExpression).
+    obj = broken(rule)
+    with pytest.raises(JobSpecError) as caught:
+        parse_job(obj)
+    ((path, message),) = caught.value.errors
+    result = create(crd_installed, namespace, obj)
+    assert result.returncode != 0
+    words = " ".join(result.stderr.split())  # kubectl wraps nothing, but be safe about line breaks
+    assert (f"{path} {message}" if rule.reports else message) in words, result.stderr
 
 
 def test_spec_immutable_after_start_except_suspend_and_ttl(crd_installed, namespace):

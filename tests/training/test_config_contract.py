@@ -80,7 +80,7 @@ def test_offload_job_renders_to_an_offloading_config_and_the_trainer_refuses_it_
     config = rendered(obj, tmp_path)
     assert config.vllm.offload_trainer_state is True
     # A hand-written grpo.yaml gets the rule the operator enforces on the spec.
-    with pytest.raises(ValidationError, match="offload_trainer_state needs a sleeping vllm.sleep_policy"):
+    with pytest.raises(ValidationError, match="vllm.offload_trainer_state: needs a sleeping vllm.sleep_policy"):
         config.model_validate(
             {**config.model_dump(), "vllm": VLLMSettings(sleep_policy="off", offload_trainer_state=True).model_dump()}
         )

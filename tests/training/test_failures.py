@@ -212,6 +212,7 @@ TP_ON_THREE = (
     f"version: {CONFIG_VERSION}\n"
     "job: {{name: j, namespace: n}}\nmodel: {{name_or_path: {model}}}\n"
     "dataset: {{name_or_path: {model}/train.jsonl}}\nrewards: [{{function: format}}]\n"
+    "resources: {{nodes: 3, gpus_per_node: 2}}\n"  # what the config says; the launch below runs 3 per node
     "vllm: {{tensor_parallel_size: 2}}\ncheckpoint: {{dir: {model}/c}}\n"
 )
 
@@ -239,8 +240,8 @@ def test_a_tp_size_that_does_not_divide_the_gpus_is_refused_before_any_model_loa
     assert result.returncode == EXIT_INVALID_CONFIG, result.stderr
     assert json.loads((tmp_path / "termination-log").read_text()) == {
         "reason": "InvalidConfig",
-        "message": "trainer config: vllm.tensorParallelSize 2 must divide resources.gpusPerNode 3 (a tensor-parallel "
-        "group must stay inside one node) (6 processes, 3 per node)",
+        "message": "trainer config: vllm.tensor_parallel_size: must divide resources.gpus_per_node (3): a "
+        "tensor-parallel group lives inside one node, got 2 (6 processes, 3 per node)",
     }
 
 

@@ -25,7 +25,7 @@ def test_groups_are_consecutive_ranks():
 
 def test_tp_must_divide_gpus_per_node():
     # 2 nodes × 6 GPUs with TP 4 would put ranks 4..7 across both nodes.
-    with pytest.raises(TPLayoutError, match=r"vllm.tensorParallelSize 4 must divide resources.gpusPerNode 6"):
+    with pytest.raises(TPLayoutError, match=r"vllm.tensor_parallel_size: must divide resources.gpus_per_node \(6\).*4"):
         form_tp_groups(12, 4, gpus_per_node=6)
     with pytest.raises(TPLayoutError, match="tensorParallelSize must be >= 1"):
         form_tp_groups(4, 0)

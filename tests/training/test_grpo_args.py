@@ -22,6 +22,7 @@ def make_config(**overrides) -> TrainerConfig:
         "model": {"name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "revision": "main", "attn_implementation": "sdpa"},
         "dataset": {"name_or_path": "AI-MO/NuminaMath-TIR"},
         "rewards": [{"function": "accuracy", "weight": 1.0}, {"function": "format", "weight": 0.2}],
+        "resources": {"gpus_per_node": 2},
         "vllm": {
             "enabled": True,
             "tensor_parallel_size": 2,

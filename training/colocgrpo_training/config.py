@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from colocgrpo_training.rules import config_problems
+
 # libyaml's emitter where PyYAML has it (the same text, ~10x faster): the operator renders this
 # config for every new job, and in a 500-job burst the pure-Python emitter was most of that work.
 YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -166,12 +168,12 @@ class TrainerConfig(_Strict):
     grpo: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _offload_needs_a_sleeping_policy(self) -> TrainerConfig:
-        if self.vllm.offload_trainer_state and self.vllm.sleep_policy is SleepPolicy.OFF:
-            raise ValueError(
-                "vllm.offload_trainer_state needs a sleeping vllm.sleep_policy (level1, level2 or auto): with off, "
-                "vLLM never frees its memory, so the trainer state would never move"
-            )
+    def _cross_field_rules(self) -> TrainerConfig:
+        """The job's cross-field rules (rules.py) whose fields this config carries: a config written by hand gets
+        the checks the operator runs on the spec."""
+        problems = config_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def to_yaml(self) -> str:

@@ -5,13 +5,15 @@ schema. The conversion below inlines $refs, turns `X | None` into plain X (the A
 server prunes nulls of non-nullable fields), rewrites numeric exclusive bounds into the
 OpenAPI 3.0 boolean form, drops titles, and keeps free-form Kubernetes types as
 `x-kubernetes-preserve-unknown-fields` objects. Rules that span fields are CEL
-`x-kubernetes-validations`, mirroring api/validation.py so the API server and
-`colocgrpo validate` agree.
+`x-kubernetes-validations` generated from their one table (colocgrpo_training.rules), which
+api/validation.py evaluates too, so the API server and `colocgrpo validate` agree.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -30,7 +32,8 @@ from colocgrpo_operator.api.naming import (
     VERSION,
 )
 from colocgrpo_operator.api.trainer_args import OWNED_KEYS, REFUSED_KEYS, RENAMED_KEYS, grpo_config_fields
-from colocgrpo_operator.api.validation import MULTI_NODE_RESUME_NEEDS_A_CLAIM, MUTABLE_AFTER_START, TOLERATION_RULES
+from colocgrpo_operator.api.validation import MUTABLE_AFTER_START
+from colocgrpo_training.rules import RULES, Rule
 
 _DROPPED_KEYWORDS = {"title", "$defs", "examples"}
 
@@ -123,36 +126,55 @@ def model_schema(model: type[BaseModel], *, keep_defaults: bool) -> dict[str, An
 # ----------------------------------------------------------------------------- CEL rules
 
 
-def _spec_rules() -> list[dict[str, Any]]:
-    return [
-        {
-            "rule": "!has(self.resources) || !has(self.vllm) || !has(self.resources.gpusPerNode) "
-            "|| !has(self.vllm.tensorParallelSize) || self.resources.gpusPerNode == 0 "
-            "|| self.resources.gpusPerNode % self.vllm.tensorParallelSize == 0",
-            "message": "spec.vllm.tensorParallelSize must divide spec.resources.gpusPerNode "
-            "(a tensor-parallel group lives inside one node)",
-            "fieldPath": ".vllm.tensorParallelSize",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            "rule": "!has(self.resources) || !has(self.vllm) || !has(self.resources.gpusPerNode) "
-            "|| !has(self.vllm.tensorParallelSize) || self.resources.gpusPerNode > 0 "
-            "|| self.vllm.tensorParallelSize == 1",
-            "message": "spec.vllm.tensorParallelSize must be 1 for a CPU job (gpusPerNode 0 runs no vLLM)",
-            "fieldPath": ".vllm.tensorParallelSize",
-            "reason": "FieldValueInvalid",
-        },
-        *_trainer_state_offload_rules(),
-        {
-            # resume defaults to auto: an absent checkpoint section or resume field counts as auto.
-            "rule": "!has(self.resources) || !has(self.resources.nodes) || self.resources.nodes <= 1 "
-            "|| (has(self.checkpoint) && (has(self.checkpoint.claimName) "
-            "|| (has(self.checkpoint.resume) && self.checkpoint.resume == 'never')))",
-            "message": f"spec.checkpoint.claimName {MULTI_NODE_RESUME_NEEDS_A_CLAIM}",
-            "fieldPath": ".checkpoint.claimName",
-            "reason": "FieldValueRequired",
-        },
-    ]
+def cel_rule(rule: Rule) -> dict[str, Any]:
+    """One row of the cross-field table (colocgrpo_training.rules) as an x-kubernetes-validations entry, on the
+    spec or on each item of the rule's scope: `{arg}` becomes the field's value (its default where left out),
+    `{arg?}` whether it is set, and the message the same words `colocgrpo validate` says, values included."""
+    if rule.cel is None:
+        raise ValueError(f"the rule {rule.name!r} has no CEL form")
+    prefix = f"spec.{rule.scope}[]." if rule.scope else "spec."
+
+    def value(argument: str) -> str:
+        field = rule.fields[argument]
+        if field.default is None:
+            return f"self.{field.spec}"
+        return f"({_present(field.spec)} ? self.{field.spec} : {json.dumps(field.default)})"
+
+    def substitute(match: re.Match[str]) -> str:
+        return _present(rule.fields[match.group(1)].spec) if match.group(2) else value(match.group(1))
+
+    entry: dict[str, Any] = {"rule": _ARGUMENT.sub(substitute, rule.cel)}
+    named = _FIELD_PATH.sub(lambda m: prefix + rule.fields[m.group(1)].spec, rule.message)
+    if rule.reports is not None:
+        named = f"{prefix}{rule.fields[rule.reports].spec} {named}"
+    arguments = _MESSAGE_VALUE.findall(named)
+    if not arguments:
+        entry["message"] = named
+    else:  # the values through the strings library's format(): the API server's cost estimate of a concatenation
+        # with string() exceeds its budget, whatever the values' bounds
+        template = json.dumps(_MESSAGE_VALUE.sub("%s", named.replace("%", "%%")), ensure_ascii=False)
+        entry["messageExpression"] = f"{template}.format([{', '.join(value(a) for a in arguments)}])"
+    if rule.reports is not None:
+        entry["fieldPath"] = f".{rule.fields[rule.reports].spec}"
+    entry["reason"] = rule.reason
+    return entry
+
+
+_ARGUMENT = re.compile(r"\{(\w+)(\?)?\}")
+_FIELD_PATH = re.compile(r"<(\w+)>")
+_MESSAGE_VALUE = re.compile(r"\{(\w+)\}")
+
+
+def _present(path: str) -> str:
+    """CEL that is true where every part of `path` is set."""
+    parts = path.split(".")
+    return "(" + " && ".join(f"has(self.{'.'.join(parts[: i + 1])})" for i in range(len(parts))) + ")"
+
+
+def _cel_rules(scope: str) -> list[dict[str, Any]]:
+    """The CEL form of every rule of that scope that has one; the others (trainerArgs' untyped values) are
+    `colocgrpo validate`'s and the operator's alone."""
+    return [cel_rule(rule) for rule in RULES if rule.scope == scope and rule.cel is not None]
 
 
 def _name_trainer_args(schema: dict[str, Any]) -> None:
@@ -164,46 +186,6 @@ def _name_trainer_args(schema: dict[str, Any]) -> None:
     value = schema.pop("additionalProperties")
     allowed = sorted(grpo_config_fields() - set(OWNED_KEYS) - set(REFUSED_KEYS) - set(RENAMED_KEYS))
     schema["properties"] = {key: dict(value) for key in allowed}
-
-
-def _trainer_state_offload_rules() -> list[dict[str, Any]]:
-    """validation.trainer_state_offload_problems, less its trainerArgs.optim rule (CEL cannot read
-    trainerArgs' untyped values; parse_job checks it)."""
-    offloading = "has(self.vllm) && has(self.vllm.offloadTrainerState) && self.vllm.offloadTrainerState"
-    return [
-        {
-            "rule": f"!({offloading}) || !has(self.deepspeed) || !has(self.deepspeed.zeroStage) "
-            "|| self.deepspeed.zeroStage == 3",
-            "message": "spec.vllm.offloadTrainerState needs spec.deepspeed.zeroStage 3",
-            "fieldPath": ".vllm.offloadTrainerState",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            "rule": f"!({offloading}) || !has(self.deepspeed) || !has(self.deepspeed.offloadParams) "
-            "|| self.deepspeed.offloadParams == 'none'",
-            "message": "spec.vllm.offloadTrainerState cannot be combined with spec.deepspeed.offloadParams cpu "
-            "(DeepSpeed refuses to move the states of offloaded parameters)",
-            "fieldPath": ".vllm.offloadTrainerState",
-            "reason": "FieldValueInvalid",
-        },
-        {
-            "rule": f"!({offloading}) || !has(self.vllm.sleepPolicy) || self.vllm.sleepPolicy != 'off'",
-            "message": "spec.vllm.offloadTrainerState needs a sleeping spec.vllm.sleepPolicy (level1, level2 or auto)",
-            "fieldPath": ".vllm.offloadTrainerState",
-            "reason": "FieldValueInvalid",
-        },
-    ]
-
-
-def _deepspeed_rules() -> list[dict[str, Any]]:
-    return [
-        {
-            "rule": "!has(self.offloadParams) || self.offloadParams == 'none' "
-            "|| !has(self.zeroStage) || self.zeroStage == 3",
-            "message": "spec.deepspeed.offloadParams needs spec.deepspeed.zeroStage 3",
-            "fieldPath": ".offloadParams",
-        }
-    ]
 
 
 def _root_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
@@ -291,11 +273,13 @@ def generate_crd() -> dict[str, Any]:
     """The apiextensions.k8s.io/v1 CustomResourceDefinition for ColocGRPOJob."""
     spec_schema = model_schema(ColocGRPOJobSpec, keep_defaults=True)
     status_schema = model_schema(ColocGRPOJobStatus, keep_defaults=False)
-    spec_schema["x-kubernetes-validations"] = _spec_rules()
-    spec_schema["properties"]["deepspeed"]["x-kubernetes-validations"] = _deepspeed_rules()
+    spec_schema["x-kubernetes-validations"] = _cel_rules("")
     _name_trainer_args(spec_schema["properties"]["trainerArgs"])
-    tolerations = spec_schema["properties"]["scheduling"]["properties"]["tolerations"]["items"]
-    tolerations["x-kubernetes-validations"] = [{"rule": rule, "message": message} for rule, message in TOLERATION_RULES]
+    for scope in sorted({rule.scope for rule in RULES if rule.scope}):
+        node = spec_schema
+        for part in scope.split("."):
+            node = node["properties"][part]
+        node["items"]["x-kubernetes-validations"] = _cel_rules(scope)
     root = {
         "type": "object",
         "description": "A GRPO training run: vLLM colocated in DeepSpeed ZeRO-3 training processes.",

@@ -414,8 +414,8 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 class Toleration(_Spec):
-    """A core/v1 Toleration, checked here as the API server checks a pod's (crd.py adds its
-    cross-field rules, `toleration_problems` the same in words)."""
+    """A core/v1 Toleration, checked here as the API server checks a pod's (its cross-field rules are
+    in colocgrpo_training.rules, which crd.py and validation.py read)."""
 
     key: Annotated[str, Field(max_length=MAX_SHORT_STRING, pattern=QUALIFIED_NAME_PATTERN)] | None = Field(
         default=None, description="Taint key; without one, operator Exists tolerates every taint."

@@ -7,10 +7,12 @@ identical messages offline and in the job's SpecValid condition.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from colocgrpo_operator.api.model import (
     ABSOLUTE_PATH_PATTERN,
@@ -19,9 +21,6 @@ from colocgrpo_operator.api.model import (
     MODULE_FUNCTION_PATTERN,
     ColocGRPOJob,
     ColocGRPOJobSpec,
-    ResourcesSpec,
-    SleepPolicy,
-    VLLMSpec,
 )
 from colocgrpo_operator.api.naming import (
     API_VERSION,
@@ -35,6 +34,7 @@ from colocgrpo_operator.api.naming import (
     TMP_DIR,
 )
 from colocgrpo_operator.api.trainer_args import trainer_args_problems
+from colocgrpo_training.rules import RULES, Field, spec_path
 
 # BUILTIN_REWARDS (the trainer's built-ins) lives in api/model.py, whose CRD pattern names them.
 _MODULE_FUNCTION = re.compile(MODULE_FUNCTION_PATTERN)
@@ -128,24 +128,6 @@ def name_problems(name: Any) -> list[tuple[str, str]]:
     return problems
 
 
-def _parallelism_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    resources, vllm = spec.resources, spec.vllm
-    if resources.gpus_per_node > 0 and resources.gpus_per_node % vllm.tensor_parallel_size != 0:
-        problems.append(
-            (
-                "spec.vllm.tensorParallelSize",
-                f"must divide spec.resources.gpusPerNode ({resources.gpus_per_node}): a tensor-parallel group "
-                f"lives inside one node, got {vllm.tensor_parallel_size}",
-            )
-        )
-    if resources.gpus_per_node == 0 and vllm.tensor_parallel_size != 1:
-        problems.append(
-            ("spec.vllm.tensorParallelSize", "must be 1 for a CPU job (spec.resources.gpusPerNode 0 runs no vLLM)")
-        )
-    return problems
-
-
 def _pod_template_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     """User volumes and mounts must not collide with the ones the operator puts in every pod (the
     API server would refuse the whole Job, far from the field that caused it)."""
@@ -180,45 +162,47 @@ def _pod_template_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     return problems
 
 
-# A toleration's cross-field rules, as the API server checks them on a pod: (CEL rule, message).
-TOLERATION_RULES = (
-    (
-        "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
-        "operator must be Exists when there is no key (which tolerates every taint)",
-    ),
-    (
-        "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
-        "value must be empty when operator is Exists",
-    ),
-    (
-        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-        "tolerationSeconds needs effect NoExecute",
-    ),
-)
-
-
-def toleration_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
-    """TOLERATION_RULES, in Python."""
+def rule_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
+    """(field path, message) for every cross-field rule of the table (colocgrpo_training.rules) the spec breaks:
+    the rules the CRD's CEL runs, in the same words."""
     problems: list[tuple[str, str]] = []
-    for index, toleration in enumerate(spec.scheduling.tolerations):
-        path = f"spec.scheduling.tolerations[{index}]"
-        if not toleration.key and toleration.operator != "Exists":
-            problems.append((path, TOLERATION_RULES[0][1]))
-        if toleration.operator == "Exists" and toleration.value:
-            problems.append((path, TOLERATION_RULES[1][1]))
-        if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
-            problems.append((path, TOLERATION_RULES[2][1]))
+    for rule in RULES:
+        items = enumerate(_field_value(spec, rule.scope) or []) if rule.scope else [(None, spec)]
+        for index, item in items:
+            where = f"spec.{rule.scope}[{index}]" if rule.scope else "spec"
+            values = {arg: _field_value(item, field.spec) for arg, field in rule.fields.items()}
+            found = rule.problem(values, functools.partial(_path_under, where), where)
+            if found is not None:
+                problems.append(found)
     return problems
+
+
+def _path_under(where: str, field: Field) -> str:
+    return f"{where}.{field.spec}"
+
+
+def _field_value(node: Any, path: str) -> Any:
+    """The value at a camelCase path of the typed spec (trainerArgs by key); None where it is left out."""
+    for part in path.split("."):
+        if isinstance(node, BaseModel):
+            node = getattr(node, _attribute_names(type(node)).get(part, part), None)
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return None
+    return node
+
+
+@functools.cache
+def _attribute_names(model: type[BaseModel]) -> dict[str, str]:
+    """A model's field names by their camelCase alias."""
+    return {info.alias or name: name for name, info in model.model_fields.items()}
 
 
 def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
     """Rules that involve more than one field (the schema checks single fields)."""
-    problems = _parallelism_problems(spec)
+    problems = rule_problems(spec)
     problems.extend(_pod_template_problems(spec))
-    if spec.deepspeed.offload_params == "cpu" and spec.deepspeed.zero_stage != 3:
-        problems.append(("spec.deepspeed.offloadParams", "parameter offload needs spec.deepspeed.zeroStage 3"))
-    problems.extend(trainer_state_offload_problems(spec))
-    problems.extend(toleration_problems(spec))
     for index, reward in enumerate(spec.rewards):
         if reward.function not in BUILTIN_REWARDS and not _MODULE_FUNCTION.match(reward.function):
             problems.append(
@@ -228,106 +212,65 @@ def spec_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
                     "nor module:function",
                 )
             )
-    problems.extend(_resume_problems(spec))
     problems.extend(trainer_args_problems(spec.trainer_args))
-    vllm = spec.vllm
-    max_completion = spec.trainer_args.get("max_completion_length")
-    if (
-        vllm.max_model_len is not None
-        and isinstance(max_completion, int)
-        and spec.dataset.max_prompt_tokens is not None
-        and spec.dataset.max_prompt_tokens + max_completion > vllm.max_model_len
-    ):
-        problems.append(
-            (
-                "spec.vllm.maxModelLen",
-                f"must be at least spec.dataset.maxPromptTokens + trainerArgs.max_completion_length "
-                f"({spec.dataset.max_prompt_tokens} + {max_completion}), got {vllm.max_model_len}",
-            )
-        )
     return problems
 
 
-# TrainingArguments.optim values that mean AdamW: with vllm.offloadTrainerState the rendered deepspeed.json
-# names DeepSpeed's own AdamW, which transformers then uses whatever `optim` says.
-ADAMW_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused"})
-
-
-def trainer_state_offload_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
-    """What DeepSpeed 0.19's `offload_states` refuses or cannot gain from (docs/sleep-policy.md)."""
-    if not spec.vllm.offload_trainer_state:
-        return []
-    field = "spec.vllm.offloadTrainerState"
-    problems: list[tuple[str, str]] = []
-    deepspeed = spec.deepspeed
-    if deepspeed.zero_stage != 3:
-        problems.append(
-            (
-                field,
-                f"needs spec.deepspeed.zeroStage 3, got {deepspeed.zero_stage}: the offload is built and checked for "
-                "ZeRO-3 only (DeepSpeed 0.19's stage-0 optimizers cannot move their state at all)",
-            )
-        )
-    if deepspeed.offload_params != "none":
-        problems.append(
-            (
-                field,
-                "cannot be combined with spec.deepspeed.offloadParams cpu: DeepSpeed refuses to move the states "
-                "of offloaded parameters (they are on the CPU already)",
-            )
-        )
-    if spec.vllm.sleep_policy is SleepPolicy.OFF:
-        problems.append(
-            (
-                field,
-                "needs a sleeping spec.vllm.sleepPolicy (level1, level2 or auto): with off, vLLM never frees its "
-                "memory, so the trainer state would never move",
-            )
-        )
-    optim = spec.trainer_args.get("optim")
-    if (
-        deepspeed.offload_optimizer == "none"
-        and optim is not None
-        and not (isinstance(optim, str) and optim in ADAMW_OPTIMS)
-    ):
-        problems.append(
-            (
-                "spec.trainerArgs.optim",
-                f"must be unset or one of {', '.join(sorted(ADAMW_OPTIMS))} with spec.vllm.offloadTrainerState: "
-                f"the trainer then uses DeepSpeed's own AdamW, so that its state can move; got {optim!r}",
-            )
-        )
-    return problems
-
-
-MULTI_NODE_RESUME_NEEDS_A_CLAIM = (
-    "is required when spec.resources.nodes is more than 1 and spec.checkpoint.resume is auto: every rank must "
-    "resume from the same checkpoint, and without a claim each pod saves into its own emptyDir (set a claim "
-    "that every pod mounts, ReadWriteMany, or spec.checkpoint.resume: never)"
-)
-
-
-def _resume_problems(spec: ColocGRPOJobSpec) -> list[tuple[str, str]]:
-    checkpoint = spec.checkpoint
-    if spec.resources.nodes > 1 and checkpoint.resume == "auto" and checkpoint.claim_name is None:
-        return [("spec.checkpoint.claimName", MULTI_NODE_RESUME_NEEDS_A_CLAIM)]
-    return []
-
-
-def _raw_parallelism_problems(spec_obj: Any) -> list[tuple[str, str]]:
-    """The tensor-parallel rule on a spec that failed type validation elsewhere, when its inputs are sound."""
+def _raw_rule_problems(spec_obj: Any) -> list[tuple[str, str]]:
+    """The table's rules on a spec that failed type validation elsewhere, each where its own fields are sound (left
+    out, or of a value their type admits), so that one run of `validate` shows every problem."""
     if not isinstance(spec_obj, dict):
         return []
-    resources = section if isinstance(section := spec_obj.get("resources"), dict) else {}
-    vllm = section if isinstance(section := spec_obj.get("vllm"), dict) else {}
-    gpus, tp = resources.get("gpusPerNode", 1), vllm.get("tensorParallelSize", 1)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (gpus, tp)) or gpus < 0 or tp < 1:
-        return []
-    partial = ColocGRPOJobSpec.model_construct(
-        resources=ResourcesSpec.model_construct(gpus_per_node=gpus),
-        vllm=VLLMSpec.model_construct(tensor_parallel_size=tp),
-    )
-    return _parallelism_problems(partial)
+    problems: list[tuple[str, str]] = []
+    for rule in RULES:
+        if rule.scope:
+            continue
+        values = {arg: _raw_value(spec_obj, field) for arg, field in rule.fields.items()}
+        if all(value is not _UNSOUND for value in values.values()):
+            found = rule.problem(values, spec_path, "spec")
+            if found is not None:
+                problems.append(found)
+    return problems
+
+
+_UNSOUND = object()
+
+
+def _raw_value(spec_obj: dict[str, Any], field: Field) -> Any:
+    """The field's value in a raw spec as its type reads it (strictly, as the API server does), its default where
+    it is left out, or `_UNSOUND`."""
+    node: Any = spec_obj
+    model: type[BaseModel] | None = ColocGRPOJobSpec
+    leaf: tuple[type[BaseModel], str] | None = None
+    for part in field.spec.split("."):
+        if not isinstance(node, dict):
+            return _UNSOUND
+        node = node.get(part)
+        if model is None:  # inside trainerArgs: TRL's values, of any type
+            leaf = None
+            continue
+        name = _attribute_names(model).get(part, part)
+        info = model.model_fields.get(name)
+        if info is None:
+            return _UNSOUND
+        leaf = (model, name)
+        section = info.annotation
+        model = section if isinstance(section, type) and issubclass(section, BaseModel) else None
+        if node is None:
+            return field.default
+    if leaf is None:
+        return node
+    try:
+        return _field_adapter(*leaf).validate_json(json.dumps(node), strict=True)
+    except (TypeError, ValueError):  # not JSON, or not of the field's type (pydantic's ValidationError)
+        return _UNSOUND
+
+
+@functools.cache
+def _field_adapter(model: type[BaseModel], name: str) -> TypeAdapter[Any]:
+    info = model.model_fields[name]
+    kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return TypeAdapter(kind)
 
 
 # Kubernetes' own rules for label and annotation keys (a qualified name) and label values, which
@@ -388,7 +331,7 @@ def parse_job(obj: Any) -> ColocGRPOJob:
         raw_args = spec_obj.get("trainerArgs") if isinstance(spec_obj := obj.get("spec"), dict) else None
         if isinstance(raw_args, dict):
             problems.extend(trainer_args_problems(raw_args))
-        problems.extend(_raw_parallelism_problems(spec_obj))
+        problems.extend(_raw_rule_problems(spec_obj))
         raise JobSpecError(problems) from None
     problems.extend(spec_problems(job.spec))
     if problems:

@@ -163,6 +163,7 @@ def write_inputs(
         "dataset": {"name_or_path": str(work / "data.jsonl")},
         "rewards": [{"function": "arith_reward:exact_answer", "weight": 1.0}],
         "reward_modules_dir": str(work / "rewards"),
+        "resources": {"nodes": 1, "gpus_per_node": num_processes},
         "vllm": {
             "enabled": True,
             "tensor_parallel_size": tensor_parallel_size,

@@ -3,10 +3,10 @@
 Pure functions (no torch): `ColocatedVLLM` applies them to `torch.distributed` results.
 
 Rules (docs/sleep-policy.md, "Tensor parallel"): a TP group is `tp` consecutive global ranks
-inside one node, so `tp` must divide gpus_per_node. Every rank of a group gathers the
-group's prompts, generates all of them with the same engine (vLLM shards the model over
-the group), and keeps its own slice; the ranks must feed identical requests with identical
-seeds, or the shards diverge.
+inside one node, so `tp` must divide gpus_per_node (the job's rule, rules.TP_IN_ONE_NODE).
+Every rank of a group gathers the group's prompts, generates all of them with the same engine
+(vLLM shards the model over the group), and keeps its own slice; the ranks must feed identical
+requests with identical seeds, or the shards diverge.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
+
+from colocgrpo_training.rules import TP_IN_ONE_NODE, config_path
 
 T = TypeVar("T")
 
@@ -39,11 +41,9 @@ def form_tp_groups(world_size: int, tp: int, gpus_per_node: int | None = None) -
     per_node = gpus_per_node if gpus_per_node is not None else world_size
     if per_node < 1 or world_size % per_node:
         raise TPLayoutError(f"world size {world_size} is not a multiple of gpusPerNode {per_node}")
-    if per_node % tp:
-        raise TPLayoutError(
-            f"vllm.tensorParallelSize {tp} must divide resources.gpusPerNode {per_node} "
-            "(a tensor-parallel group must stay inside one node)"
-        )
+    problem = TP_IN_ONE_NODE.problem({"tp": tp, "gpus": per_node}, config_path, "")
+    if problem is not None:
+        raise TPLayoutError(": ".join(problem))
     return [list(range(start, start + tp)) for start in range(0, world_size, tp)]
 
 

@@ -22,6 +22,7 @@ from colocgrpo_training.planner.shapes import (
     parse_parameter_count,
     shape_from_config,
 )
+from colocgrpo_training.rules import PARAM_OFFLOAD_NEEDS_ZERO3, TRAINER_STATE_OFFLOAD_RULES, spec_path
 
 # H200 ("141 GB" on the datasheet; nvidia-smi: 143771 MiB): torch's total_memory, which vLLM's
 # gpu_memory_utilization multiplies, is 150,109,880,320 bytes = 139.8 GiB (measured, torch 2.11 / CUDA 13).
@@ -153,7 +154,7 @@ def resolve_inputs(request: PlanRequest, *, base_dir: Path | None = None) -> Pla
     zero_stage = deepspeed.zero_stage
     offload_optimizer = deepspeed.offload_optimizer != "none"
     offload_parameters = deepspeed.offload_params != "none"
-    if offload_parameters and zero_stage != 3:
+    if offload_parameters and not PARAM_OFFLOAD_NEEDS_ZERO3.holds(**PARAM_OFFLOAD_NEEDS_ZERO3.value_of(request)):
         warnings.append(f"spec.deepspeed.offloadParams only exists in ZeRO-3; ignored at stage {zero_stage}")
         offload_parameters = False
     if offload_optimizer and zero_stage == 0:
@@ -168,13 +169,12 @@ def resolve_inputs(request: PlanRequest, *, base_dir: Path | None = None) -> Pla
     if "gpu_memory_utilization" not in vllm.model_fields_set:
         assumptions.append("gpuMemoryUtilization unset: vLLM gets the default 0.3")
     offload_trainer_state = vllm.offload_trainer_state
-    if offload_trainer_state and (zero_stage != 3 or offload_parameters or vllm.sleep_policy is SleepPolicy.OFF):
-        # parse_job refuses these specs (api/validation.py); a plan of one credits nothing to the offload.
-        warnings.append(
-            "spec.vllm.offloadTrainerState needs ZeRO-3 without parameter offload and a sleeping policy: "
-            "the job is refused, planned as if nothing moved"
-        )
-        offload_trainer_state = False
+    for rule in TRAINER_STATE_OFFLOAD_RULES:
+        # The API refuses such a job (rules.py); a plan of one credits nothing to the offload.
+        refused = rule.problem(rule.value_of(request), spec_path, "spec")
+        if refused is not None and offload_trainer_state:
+            warnings.append(f"{' '.join(refused)}: the job is refused, planned as if nothing moved")
+            offload_trainer_state = False
 
     def arg(key: str) -> Any:
         return trainer_args.get(key, TRL_DEFAULTS.get(key))
