@@ -248,6 +248,13 @@ def test_trainer_state_offload_accepted_with_zero3(deepspeed, trainer_args):
     parse_job(minimal_job(deepspeed={"zeroStage": 2}, vllm={"tensorParallelSize": 4, "sleepPolicy": "off"}))
 
 
+@pytest.mark.parametrize("quantity", [-1, "-1", "-500m", "-2Gi"])
+def test_a_resource_quantity_is_never_negative(quantity):
+    # The API server would refuse the gang's Job, far from the field that caused it.
+    assert "spec.resources.cpu" in problems_of(minimal_job(resources={"gpusPerNode": 8, "cpu": quantity}))
+    parse_job(minimal_job(resources={"gpusPerNode": 8, "cpu": "+500m", "memory": 0}))
+
+
 def test_gpu_memory_is_a_positive_number_of_gib():
     job = parse_job(minimal_job(resources={"gpusPerNode": 8, "gpuMemoryGiB": 79.2}))
     assert job.spec.resources.gpu_memory_gib == 79.2

@@ -53,9 +53,10 @@ REWARD_FUNCTION_PATTERN = "^(" + "|".join(sorted(BUILTIN_REWARDS)) + "|" + MODUL
 INT64_RANGE = range(-(2**63), 2**63)
 MAX_MAP_ENTRIES = 256
 
-# Kubernetes resource quantity ("8", "32Gi", "500m", or a plain integer).
+# Kubernetes resource quantity ("8", "32Gi", "500m", or a plain integer), never negative: every quantity here is a
+# pod's request, limit or volume size, which the API server refuses below 0 on the Job.
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
@@ -63,6 +64,8 @@ _QUANTITY = re.compile(QUANTITY_PATTERN)
 def _check_quantity(value: int | str) -> int | str:
     if isinstance(value, str) and (len(value) > 64 or not _QUANTITY.match(value)):
         raise ValueError(f"must be a Kubernetes quantity such as 8, 500m or 32Gi, got {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"must not be negative, got {value}")
     return value
 
 
@@ -72,7 +75,9 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
+            # JSON Schema applies each to its own kind: the pattern to a string, the minimum to an integer.
             "pattern": QUANTITY_PATTERN,
+            "minimum": 0,
             "x-kubernetes-int-or-string": True,
         }
     ),
