@@ -240,8 +240,8 @@ def test_a_tp_size_that_does_not_divide_the_gpus_is_refused_before_any_model_loa
     assert result.returncode == EXIT_INVALID_CONFIG, result.stderr
     assert json.loads((tmp_path / "termination-log").read_text()) == {
         "reason": "InvalidConfig",
-        "message": "trainer config: vllm.tensor_parallel_size: must divide resources.gpus_per_node (3): a "
-        "tensor-parallel group lives inside one node, got 2 (6 processes, 3 per node)",
+        "message": "trainer config: vllm.tensor_parallel_size: must divide $LOCAL_WORLD_SIZE (3): a tensor-parallel "
+        "group lives inside one node, got 2 (6 processes; the config's resources.gpus_per_node is 2)",
     }
 
 

@@ -42,9 +42,10 @@ def load_config(path: str) -> TrainerConfig:
 
 
 def check_tp_layout(config: TrainerConfig, environ: Mapping[str, str] = os.environ) -> None:
-    """InvalidConfigError when `vllm.tensor_parallel_size` cannot group this job's processes (it must divide the
+    """InvalidConfigError when `vllm.tensor_parallel_size` cannot group this launch's processes (it must divide the
     processes per node, `$LOCAL_WORLD_SIZE`): checked before any model loads, where vLLM would refuse it only after
-    the trainer's model had loaded. The operator refuses such specs; a hand-written config reaches this."""
+    the trainer's model had loaded. The config's own check has held the TP size against `resources.gpus_per_node`;
+    this one catches a launch that runs another number of processes per node than the config says."""
     if not config.vllm.enabled:
         return
     from colocgrpo_training.generation.tp_groups import TPLayoutError, form_tp_groups  # pure, no torch
@@ -52,9 +53,12 @@ def check_tp_layout(config: TrainerConfig, environ: Mapping[str, str] = os.envir
     world = int(environ.get("WORLD_SIZE") or 1)
     per_node = int(environ.get("LOCAL_WORLD_SIZE") or world)
     try:
-        form_tp_groups(world, config.vllm.tensor_parallel_size, per_node)
+        form_tp_groups(world, config.vllm.tensor_parallel_size, per_node, per_node_name="$LOCAL_WORLD_SIZE")
     except TPLayoutError as err:
-        raise InvalidConfigError(f"trainer config: {err} ({world} processes, {per_node} per node)") from err
+        raise InvalidConfigError(
+            f"trainer config: {err} ({world} processes; the config's resources.gpus_per_node is "
+            f"{config.resources.gpus_per_node})"
+        ) from err
 
 
 def build_parser() -> argparse.ArgumentParser:

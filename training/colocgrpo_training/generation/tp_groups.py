@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from colocgrpo_training.rules import TP_IN_ONE_NODE, config_path
+from colocgrpo_training.rules import TP_IN_ONE_NODE, Field, config_path
 
 T = TypeVar("T")
 
@@ -32,8 +32,14 @@ class TPPlacement:
     group_ranks: tuple[int, ...]
 
 
-def form_tp_groups(world_size: int, tp: int, gpus_per_node: int | None = None) -> list[list[int]]:
-    """Consecutive ranks, `tp` per group; a group never spans two nodes."""
+def form_tp_groups(
+    world_size: int, tp: int, gpus_per_node: int | None = None, per_node_name: str | None = None
+) -> list[list[int]]:
+    """Consecutive ranks, `tp` per group; a group never spans two nodes.
+
+    `per_node_name` is what a refusal calls `gpus_per_node` (None: the config's `resources.gpus_per_node`), for a
+    caller whose count comes from elsewhere, such as the launch's `$LOCAL_WORLD_SIZE`.
+    """
     if tp < 1:
         raise TPLayoutError(f"vllm.tensorParallelSize must be >= 1, got {tp}")
     if world_size < 1:
@@ -41,7 +47,12 @@ def form_tp_groups(world_size: int, tp: int, gpus_per_node: int | None = None) -
     per_node = gpus_per_node if gpus_per_node is not None else world_size
     if per_node < 1 or world_size % per_node:
         raise TPLayoutError(f"world size {world_size} is not a multiple of gpusPerNode {per_node}")
-    problem = TP_IN_ONE_NODE.problem({"tp": tp, "gpus": per_node}, config_path, "")
+    gpus_field = TP_IN_ONE_NODE.fields["gpus"]
+
+    def path(field: Field) -> str:
+        return per_node_name if per_node_name is not None and field is gpus_field else config_path(field)
+
+    problem = TP_IN_ONE_NODE.problem({"tp": tp, "gpus": per_node}, path, "")
     if problem is not None:
         raise TPLayoutError(": ".join(problem))
     return [list(range(start, start + tp)) for start in range(0, world_size, tp)]
