@@ -195,6 +195,19 @@ def test_renamed_keys_point_to_their_new_home(key, hint):
     assert hint in found[f"spec.trainerArgs.{key}"]
 
 
+@pytest.mark.parametrize("value", ["none", "tensorboard", ["tensorboard", "mlflow"], ["wandb"], []])
+def test_report_to_names_an_integration_of_the_image(value):
+    parse_job(minimal_job(trainerArgs={"report_to": value}))
+
+
+@pytest.mark.parametrize(
+    ("value", "named"), [("comet_ml", "'comet_ml'"), ("all", "'all'"), (["wandb", "neptune"], "'neptune'")]
+)
+def test_report_to_outside_the_image_is_refused_by_name(value, named):
+    message = problems_of(minimal_job(trainerArgs={"report_to": value}))["spec.trainerArgs.report_to"]
+    assert named in message and "the trainer image reports only to none, tensorboard, wandb, mlflow" in message
+
+
 def test_max_model_len_must_hold_prompt_and_completion():
     found = problems_of(
         minimal_job(

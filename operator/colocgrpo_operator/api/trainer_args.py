@@ -67,6 +67,10 @@ RENAMED_KEYS: dict[str, str] = {
     "reward_funcs": "use spec.rewards",
 }
 
+# The trainerArgs.report_to integrations the trainer image installs (images/trainer/requirements.txt; tests/images
+# checks transformers finds each of them there): a job may name these ("none" reports nowhere), alone or in a list.
+REPORT_TO: tuple[str, ...] = ("none", "tensorboard", "wandb", "mlflow")
+
 REFUSED_KEYS: dict[str, str] = {
     "use_peft": (
         "PEFT/LoRA is not supported end to end (weight sync into vLLM pushes full weights); train the full model"
@@ -97,6 +101,8 @@ def trainer_args_problems(trainer_args: dict[str, Any], path: str = "spec.traine
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append((key_path, f"unknown TRL 1.16 GRPOConfig argument{hint}"))
+        elif key == "report_to":
+            problems.extend(report_to_problems(value, key_path))
         elif key == "model_init_kwargs" and isinstance(value, dict):
             for inner in value:
                 if inner in OWNED_MODEL_INIT_KWARGS:
@@ -104,3 +110,27 @@ def trainer_args_problems(trainer_args: dict[str, Any], path: str = "spec.traine
                         (f"{key_path}.{inner}", f"set by a typed field instead: {OWNED_MODEL_INIT_KWARGS[inner]}")
                     )
     return problems
+
+
+def report_to_problems(value: Any, path: str = "spec.trainerArgs.report_to") -> list[tuple[str, str]]:
+    """(field path, message) for each integration `report_to` names that the trainer image does not install.
+
+    Args:
+        value: trainerArgs.report_to: one name or a list of names (TRL also accepts "all", every integration that
+            happens to be installed; a job names them instead, so what it reports to does not depend on the image).
+        path: the field path the messages name.
+
+    Returns:
+        Nothing when every name is one of REPORT_TO.
+    """
+    names = value if isinstance(value, list) else [value]
+    unknown = [name for name in names if name not in REPORT_TO]
+    if not unknown:
+        return []
+    shown = ", ".join(repr(name) for name in unknown)
+    return [
+        (
+            path,
+            f"{shown}: the trainer image reports only to {', '.join(REPORT_TO)} (one of them or a list of them)",
+        )
+    ]
