@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from colocgrpo_dev.ports import free_port
@@ -45,6 +45,8 @@ LEARN_MODEL_DIR = "models/smollm2-135m-instruct"
 LEARN_WHEELS_DIR = "models/smollm2-wheels"
 # Steps averaged at each end of the reward curve for the summary line.
 SUMMARY_STEPS = 5
+# Where the trainer image keeps its own examples (images/trainer/Dockerfile), which the example jobs name.
+IMAGE_EXAMPLES = PurePosixPath("/opt/colocgrpo/examples")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,6 +104,20 @@ def find_trainer_python(explicit: str | None) -> Path | None:
     cache = cache_dir()
     candidates = sorted(glob.glob(str(cache / "venv-trainer-*" / "bin" / "python")), key=os.path.getmtime)
     return Path(candidates[-1]) if candidates else None
+
+
+def host_path(path: str, repo: Path, cache: Path) -> str:
+    """A path of the trainer image's own examples, as this host holds it: the datasets are the checkout's
+    examples/data, the models are built into the cache (models/<name>); any other path is kept."""
+    pure = PurePosixPath(path)
+    if IMAGE_EXAMPLES not in pure.parents:
+        return path
+    relative = pure.relative_to(IMAGE_EXAMPLES)
+    if relative.parts[0] == "data":
+        return str(repo / "examples" / relative)
+    if relative.parts[0] == "models":
+        return str(cache / relative)
+    return path
 
 
 def reward_curve(trainer_log: Path) -> list[tuple[int, float]]:
@@ -320,14 +336,21 @@ class DemoRun:
     def rank0_pod(self) -> str:
         return (self._get_job() or {}).get("status", {}).get("rank0Pod")
 
+    def host_path(self, path: str) -> str:
+        from colocgrpo_dev.cluster.paths import cache_dir
+
+        return host_path(path, self.repo, cache_dir())
+
     def host_config(self) -> Path:
-        """The job's grpo.yaml exactly as the operator rendered it into the ConfigMap, with the two
-        paths that only make sense inside a pod moved to this host."""
+        """The job's grpo.yaml exactly as the operator rendered it into the ConfigMap, with the paths that only
+        make sense inside a pod moved to this host: the checkpoint volume, the image's example model and data."""
         import yaml
 
         config_map = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{self.job_name}-config")
         config = yaml.safe_load(config_map["data"]["grpo.yaml"])
         config["checkpoint"]["dir"] = str(self.workdir / "checkpoints")  # /checkpoints is the pod's volume
+        for section in ("model", "dataset"):
+            config[section]["name_or_path"] = self.host_path(config[section]["name_or_path"])
         config.setdefault("progress", {})["min_interval_seconds"] = 0.5  # show every step of a 2-step demo
         path = self.workdir / "grpo.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -429,7 +452,7 @@ def run(args: argparse.Namespace) -> int:
         if args.learn:
             body["spec"]["model"]["name"] = demo.ensure_learn_model(trainer_python)
         else:
-            demo.ensure_tiny_model(trainer_python, body["spec"]["model"]["name"])
+            demo.ensure_tiny_model(trainer_python, demo.host_path(body["spec"]["model"]["name"]))
         demo.apply_job(body, example_name)
         _say("waiting for the operator: children created, gang pod scheduled on a fake GPU node")
         demo.wait_for_phase({"Running", "Failed"}, 120)

@@ -120,8 +120,11 @@ def test_tiny_cpu_example_trains_through_the_rendered_config(tmp_path, tiny_mode
     """The demo's job: render examples/tiny-cpu.yaml, point it at a tiny model, train on CPU."""
     obj = dict(example_jobs())["tiny-cpu.yaml"]
     config = rendered(obj, tmp_path)
-    # Host paths instead of the pod's volumes (the demo builds the model at the example's path).
+    # Host paths instead of the image's examples and the pod's volumes, as the demo maps them.
+    from colocgrpo_dev.demo import host_path
+
     config.model.name_or_path = str(tiny_model_dir)
+    config.dataset.name_or_path = host_path(config.dataset.name_or_path, REPO, tmp_path)
     config.checkpoint.dir = str(tmp_path / "checkpoints")
     config.progress.patch_status = False
     path = tmp_path / "grpo.yaml"
