@@ -3,50 +3,63 @@
 #
 #   docker build -t colocgrpo/operator:0.1.0 .
 #
-# The chart (charts/colocgrpo-operator) runs it as user 10001 with a read-only root filesystem and a
-# writable /tmp, so nothing here may need to write outside /tmp at run time.
-
-# --- build: a virtual environment with the operator and its dependencies -------------------------------
-FROM python:3.11-slim AS build
-
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
-
-RUN python -m venv /opt/colocgrpo
-ENV PATH=/opt/colocgrpo/bin:$PATH
-
-WORKDIR /src
-# Only what the distribution is built from (.dockerignore keeps the rest out of the context).
-COPY pyproject.toml README.md ./
-COPY operator/ operator/
-COPY training/ training/
-# A regular (non-editable) install: the image must not depend on /src. The version ranges live in
-# pyproject.toml (the `operator` extra), hence no pins on this line.
-# hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[operator]" \
-    && python -c "import colocgrpo_operator, kopf, urllib3" \
-    && ! python -c "import torch" 2>/dev/null \
-    && ! python -c "import kubernetes" 2>/dev/null
-
-# --- runtime -------------------------------------------------------------------------------------------
-FROM python:3.11-slim
+# `make images` builds it without a Docker daemon (images/build.py). The chart (charts/colocgrpo-operator) runs it
+# as user 10001 with a read-only root filesystem and a writable /tmp, so nothing here may need to write outside /tmp
+# at run time.
+FROM debian:bookworm-slim
 
 LABEL org.opencontainers.image.title="colocgrpo-operator" \
       org.opencontainers.image.description="Kubernetes operator for GRPO with vLLM colocated in DeepSpeed ZeRO-3 training" \
       org.opencontainers.image.licenses="Apache-2.0"
 
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Debian 12's own CPython 3.11. Debian's versions move with its security updates, so they are not pinned here.
 # A fixed numeric non-root user, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
-RUN groupadd --system --gid 10001 colocgrpo \
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 colocgrpo \
     && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin colocgrpo
 
-COPY --from=build /opt/colocgrpo /opt/colocgrpo
+# PIP_CERT: a CA bundle for pip, where a TLS-inspecting proxy sits between the build and PyPI; pass it as the
+# secret `pip-ca` and name it: --secret id=pip-ca,src=BUNDLE --build-arg PIP_CERT=/run/secrets/pip-ca.
+# Unset, pip uses its own bundle. pip's wheel cache is a build cache mount, never part of the image.
+ARG PIP_CERT
+ARG PIP_VERSION=26.3
+RUN --mount=type=secret,id=pip-ca --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv /opt/colocgrpo/venv \
+    && /opt/colocgrpo/venv/bin/pip install "pip==${PIP_VERSION}"
+ENV PATH=/opt/colocgrpo/venv/bin:$PATH
 
-ENV PATH=/opt/colocgrpo/bin:$PATH \
-    PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    HOME=/tmp
+# The dependencies first, read from pyproject.toml (the base and the `operator` extra; the version ranges live
+# there, hence no pins here), so that a change to the code rebuilds only the last layers.
+COPY pyproject.toml /tmp/src/
+# hadolint ignore=DL3013
+RUN --mount=type=secret,id=pip-ca --mount=type=cache,target=/root/.cache/pip \
+    python -c 'import tomllib; p = tomllib.load(open("/tmp/src/pyproject.toml", "rb")); \
+print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"] + p["project"]["optional-dependencies"]["operator"]))' \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm -rf /tmp/src /tmp/requirements.txt
 
+# A regular (non-editable) install: the image must not depend on /tmp/src.
+COPY pyproject.toml README.md /tmp/src/
+COPY operator/ /tmp/src/operator/
+COPY training/ /tmp/src/training/
+RUN pip install --no-cache-dir --no-deps --no-build-isolation /tmp/src \
+    && rm -rf /tmp/src \
+    && python -c "import colocgrpo_operator, kopf, urllib3" \
+    && ! python -c "import torch" 2>/dev/null \
+    && ! python -c "import kubernetes" 2>/dev/null
+
+ENV HOME=/tmp
 USER 10001:10001
 WORKDIR /tmp
 
