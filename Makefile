@@ -49,8 +49,10 @@ help:
 	@echo "make demo-learn - the same with SmolLM2-135M-Instruct learning to add (~15 min on 2 cores)"
 	@echo "make test   - every test (operator, chart, cluster, trainer on CPU; GPU tests skip without a GPU)"
 	@echo "make lint   - ruff (lint + format check), mypy and a duplicate-code check; make test runs it first"
+	@echo "make images - the operator and trainer images, built with buildah (no Docker daemon) into $(CACHE)/images"
 
-.PHONY: help demo demo-learn lint test test-operator test-kopf-floor test-trainer dev-venv trainer-venv cluster-bin crd clean-cache
+.PHONY: help demo demo-learn lint test test-operator test-kopf-floor test-trainer dev-venv trainer-venv cluster-bin crd clean-cache \
+	images image-tools
 
 $(DEV_READY):
 	rm -rf "$(DEV_VENV)"
@@ -97,6 +99,20 @@ $(TRAINER_DEEPSPEED): $(TRAINER_READY)
 
 trainer-venv: $(TRAINER_STAMP) $(TRAINER_DEEPSPEED)
 
+# The two images, from their own Dockerfiles, with buildah and no Docker daemon (images/build.py): each base made once
+# from Debian's packages, layers and archives kept under $(CACHE), keyed by what they are built from. The tools come
+# from Debian's archive (root; tests/images also runs the images in a containerd of its own).
+IMAGE_TOOLS := buildah mmdebstrap containerd runc
+image-tools:
+	@missing=""; for tool in $(IMAGE_TOOLS); do command -v "$$tool" >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing with apt-get"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(IMAGE_TOOLS); \
+	fi
+
+images: image-tools
+	$(PYTHON) -m images.build
+
 cluster-bin: dev-venv
 	bash dev/colocgrpo_dev/cluster/build/build.sh
 	bash dev/colocgrpo_dev/cluster/build/build-kueue.sh
@@ -115,7 +131,7 @@ lint: dev-venv trainer-venv
 
 test: lint test-operator test-kopf-floor test-trainer
 
-test-operator: dev-venv cluster-bin
+test-operator: dev-venv cluster-bin images
 	"$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)
 
 # The operator tests again on the kopf floor (the pure status-derivation tests do not touch kopf).
