@@ -17,7 +17,7 @@ Per image:
 3. `buildah push` to `oci-archive:$CACHE/images/<name>-<key>.tar` (`archive_path`), named by the image's reference
    (`docker.io/colocgrpo/<name>:<version>`, what a kubelet resolves `colocgrpo/<name>:<version>` to). The key hashes
    everything the image is built from (`input_key`): when that archive exists, nothing is built. An image's older
-   archives are removed.
+   archive is removed first (exporting the trainer needs room for its layers uncompressed and for the archive).
 
 What it keeps, under $COLOCGRPO_CACHE (default ~/.cache/colocgrpo):
 
@@ -411,13 +411,12 @@ def build(name: str, cache: Path | None = None) -> Path:
     built = time.monotonic()
     _say(f"{name}: built in {built - started:.0f} s; exporting to {archive}")
     archive.parent.mkdir(parents=True, exist_ok=True)
+    for stale in archive.parent.glob(f"{name}-*.tar"):
+        stale.unlink()  # an older tree's image: its room is needed for the export (the trainer's is GBs)
     partial = archive.with_name(f".{archive.name}.partial")
     partial.unlink(missing_ok=True)
     buildah.run("push", "--quiet", ref, f"oci-archive:{partial}:{ref}")
     partial.replace(archive)  # atomic: a half-written archive is never current
-    for old in archive.parent.glob(f"{name}-*.tar"):
-        if old != archive:
-            old.unlink()
     try:
         buildah.run("rmi", "--prune")  # images no tag or later layer uses any more
     except RuntimeError as error:

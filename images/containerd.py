@@ -154,14 +154,21 @@ class Containerd:
                 return fields[2]
         return None
 
-    def import_archive(self, archive: Path, ref: str) -> str:
-        """Import (and unpack) the OCI archive whose image is named `ref`, unless that image is here already;
-        then remove what no image uses any more. Returns the image's manifest digest."""
+    def import_archive(self, archive: Path, ref: str, *, keep_layers: bool = False) -> str:
+        """Import (and unpack) the OCI archive whose image is named `ref`, unless that image is here already; then
+        remove what no image uses any more. Returns the image's manifest digest.
+
+        Unless `keep_layers`, the image's compressed layers are deleted once unpacked, as the CRI plugin's
+        `discard_unpacked_layers` does: containers run from the unpacked snapshots, and the archive holds the layers
+        (for the trainer image, 4 GB less). Such an image cannot be exported or pushed from this containerd."""
         digest = archive_manifest_digest(archive)
         if self.image_digest(ref) != digest:
             self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
             if self.image_digest(ref) != digest:
                 raise RuntimeError(f"importing {archive} did not make {ref} name {digest}")
+            if not keep_layers:
+                manifest = json.loads(self.ctr("content", "get", digest).stdout)
+                self.ctr("content", "rm", *(layer["digest"] for layer in manifest["layers"]))
             self.collect_garbage()
         return digest
 
