@@ -207,6 +207,17 @@ class Containerd:
     def containers(self) -> list[str]:
         return [line.split()[0] for line in self.ctr("containers", "ls", "-q").stdout.splitlines() if line.strip()]
 
+    def remove_leftovers(self) -> None:
+        """Remove every container of the namespace and every active (not committed) overlayfs snapshot: what a run
+        killed before its cleanup leaves in a kept root. A container's snapshot is keyed by the container's id, so
+        one left behind would fail the next `ctr run` of that id with "snapshot ... already exists"."""
+        for container_id in self.containers():
+            self.remove_container(container_id)
+        listed = self.ctr("snapshots", "--snapshotter", "overlayfs", "ls").stdout.splitlines()[1:]
+        active = [fields[0] for fields in (line.split() for line in listed) if fields and fields[-1] == "Active"]
+        if active:
+            self.ctr("snapshots", "--snapshotter", "overlayfs", "rm", *active)
+
     def stop(self) -> None:
         """Remove every container of the namespace, stop the daemon, delete the state folder, release the root."""
         process, self._process = self._process, None

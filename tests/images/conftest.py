@@ -77,6 +77,7 @@ def containerd(image_archives: dict[str, Path]) -> Iterator[Containerd]:
     daemon = Containerd(root=_cache_dir() / "containerd" / "root", namespace="colocgrpo-tests")
     daemon.start()
     try:
+        daemon.remove_leftovers()  # an interrupted session's containers and their snapshots
         for name, archive in image_archives.items():
             daemon.import_archive(archive, build.reference(name))
         yield daemon

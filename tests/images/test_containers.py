@@ -119,6 +119,21 @@ def test_operator_image_has_no_ml_stack_and_no_official_kubernetes_client(operat
     assert _ok(operator_pod.run(command=["python", "-c", probe])).strip() == "[]"
 
 
+def test_a_killed_sessions_leftover_snapshot_is_removed(containerd):
+    """A session killed mid-run leaves its container's snapshot in the kept root, and the next run of that id failed
+    with "snapshot ... already exists"; the fixture's `remove_leftovers` clears such leftovers at start."""
+    ref = build.reference("operator")
+    containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe")
+    containerd.ctr("containers", "delete", "--keep-snapshot", "leftover-probe")
+    again = containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe", check=False)
+    assert again.returncode != 0 and "already exists" in again.stderr
+    containerd.remove_leftovers()
+    assert "leftover-probe" not in containerd.ctr("snapshots", "--snapshotter", "overlayfs", "ls").stdout
+    containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe")
+    containerd.remove_container("leftover-probe")
+    assert "leftover-probe" not in containerd.ctr("snapshots", "--snapshotter", "overlayfs", "ls").stdout
+
+
 # --- the trainer image ----------------------------------------------------------------------------
 
 STACK_PROBE = """
