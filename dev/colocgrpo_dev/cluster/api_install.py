@@ -8,6 +8,7 @@ objects (crds/, templates/trainer-status-policy.yaml).
 from __future__ import annotations
 
 import subprocess
+import time
 from typing import Protocol
 
 import yaml
@@ -27,4 +28,11 @@ def install_api(kubectl: Kubectl, timeout_seconds: int = 60) -> None:
     """Server-side apply the CRD and the trainer status policy; wait until the CRD is Established."""
     documents = [generate_crd(), *trainer_status_policy()]
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(documents))
-    kubectl("wait", "--for=condition=Established", f"--timeout={timeout_seconds}s", f"crd/{CRD_NAME}")
+    # Polled rather than `kubectl wait --for=condition=Established`, which fails at once ("conditions accessor
+    # error") when it reads the CRD before the API server has written any condition.
+    deadline = time.monotonic() + timeout_seconds
+    established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+    while kubectl("get", f"crd/{CRD_NAME}", "-o", established, check=False).stdout.strip() != "True":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the CRD {CRD_NAME} was not Established within {timeout_seconds} s")
+        time.sleep(0.2)
