@@ -14,6 +14,10 @@ import yaml
 from colocgrpo_dev.cluster.binaries import Binaries
 from colocgrpo_dev.cluster.paths import kwok_stages_dir
 
+# The annotation every fake node carries (gpu_nodes.py): kwok plays the kubelet of these nodes only, never of the
+# real node's (it would fake a status for the real node's pods).
+FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
 # kwok serves `kubectl logs` from files in the CRI log format ("<time> <stream> <F|P> <line>").
 FAKE_LOG_LINES = [
     "fake container started (KWOK runs no containers; these lines come from a kwok ClusterLogs file)",
@@ -56,7 +60,15 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
             # The binary runtime leaves kwok's --node-ip empty, so nodes get no InternalIP and the
             # API server cannot reach kwok's kubelet endpoint (`kubectl logs`); the last flag wins.
             "componentsPatches": [
-                {"name": "kwok-controller", "extraArgs": [{"key": "node-ip", "value": "127.0.0.1"}]},
+                {
+                    "name": "kwok-controller",
+                    "extraArgs": [
+                        {"key": "node-ip", "value": "127.0.0.1"},
+                        # kwokctl passes --manage-all-nodes=true; the last flag wins.
+                        {"key": "manage-all-nodes", "value": "false"},
+                        {"key": "manage-nodes-with-annotation-selector", "value": "=".join(FAKE_NODE_ANNOTATION)},
+                    ],
+                },
                 # One of each, never replaced: leader election only adds a way to die. A leader
                 # that cannot renew its lease for 10 s (an API server restarting slowly on a
                 # loaded machine, or the process paused) exits, and nothing starts it again.
