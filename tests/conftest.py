@@ -39,6 +39,29 @@ def kube_cluster() -> Iterator[ClusterHandle]:
             cluster.down()
 
 
+@pytest.fixture(scope="session")
+def node_cluster() -> Iterator[ClusterHandle]:
+    """A second local cluster, with the real node (`cpu-node-0`, a kubelet on containerd that runs containers)
+    beside the 2 fake GPU nodes, which carry the nvidia.com/gpu taint there; for the whole session.
+
+    Named `<test cluster>-node` ($COLOCGRPO_TEST_CLUSTER-node), apart from `kube_cluster`, whose CPU pods must
+    stay on fake nodes. Skips, with the one-line reason, on a machine that cannot run containers. Stopped at the
+    end unless COLOCGRPO_KEEP_CLUSTER=1; its node's images stay in the cache, imported once.
+    """
+    from colocgrpo_dev.cluster.cluster import DevCluster
+    from colocgrpo_dev.cluster.handle import ClusterHandle
+
+    cluster = DevCluster(name=os.environ.get("COLOCGRPO_TEST_CLUSTER", "colocgrpo-test") + "-node", real_node=True)
+    try:
+        kubeconfig = cluster.up(timeout=300)
+        if cluster.node_unavailable is not None:
+            pytest.skip(f"no real node: {cluster.node_unavailable}")
+        yield ClusterHandle(kubeconfig=kubeconfig, node=cluster.node)
+    finally:
+        if os.environ.get("COLOCGRPO_KEEP_CLUSTER") != "1":
+            cluster.down()
+
+
 @pytest.fixture
 def namespace(kube_cluster, request) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards."""
@@ -48,7 +71,8 @@ def namespace(kube_cluster, request) -> Iterator[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A test that uses the cluster is a cluster test, marked or not (so `-m "not cluster"` works).
+    # A test that uses a cluster is a cluster test, marked or not (so `-m "not cluster"` works).
     for item in items:
-        if "kube_cluster" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "kube_cluster" in fixtures or "node_cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)

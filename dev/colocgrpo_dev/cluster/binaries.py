@@ -1,4 +1,5 @@
-"""The control-plane binaries: built from Go modules by build/build.sh, cached by pins."""
+"""The dev cluster's binaries, built from Go modules and cached by their pins: the control plane (build/build.sh)
+and the real node's (build/build-node.sh)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,28 @@ def ensure_binaries() -> Binaries:
             text=True,
         ).stdout
     return Binaries(folder=Path(out.strip().splitlines()[-1]), kubectl=kubectl_path())
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """The real node's kubelet, kube-proxy, coredns and pause (build-node.sh's folder)."""
+
+    folder: Path
+
+    def __getitem__(self, name: str) -> Path:
+        return self.folder / name
+
+
+def ensure_node_binaries() -> NodeBinaries:
+    """Build the real node's binaries if missing (a cold build takes minutes; see docs/dev-cluster.md)."""
+    with file_lock(cache_dir() / "node-bin" / ".build.lock"):
+        out = subprocess.run(
+            ["bash", str(build_dir() / "build-node.sh")],
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        ).stdout
+    return NodeBinaries(folder=Path(out.strip().splitlines()[-1]))
 
 
 def kubectl_path() -> Path:

@@ -1,9 +1,11 @@
 """Start, inspect and stop the local control plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok) on 127.0.0.1, plus the fake GPU node pool.
+kube-scheduler, kwok) on 127.0.0.1, plus the fake GPU node pool and, where this machine can run
+containers, the real node (node/).
 
-kwokctl (`--runtime binary`) owns the processes: it starts them detached, records their pids
-under the cluster's folder and stops them on delete. All state lives under
-<cache>/cluster/clusters/<name>/; `down` removes it.
+kwokctl (`--runtime binary`) owns the control plane's processes: it starts them detached, records
+their pids under the cluster's folder and stops them on delete; the real node's are recorded the same
+way under its `node/` folder. All state lives under <cache>/cluster/clusters/<name>/; `down` removes
+it (the real node's images stay in <cache>/containerd/node-<name>/).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,11 +27,19 @@ from typing import Any
 import yaml
 
 from colocgrpo_dev.cluster.api_install import install_api
-from colocgrpo_dev.cluster.binaries import binaries_dir, ensure_binaries, kubectl_path
+from colocgrpo_dev.cluster.binaries import (
+    NodeBinaries,
+    binaries_dir,
+    ensure_binaries,
+    ensure_node_binaries,
+    kubectl_path,
+)
 from colocgrpo_dev.cluster.commands import run
 from colocgrpo_dev.cluster.gpu_nodes import render_gpu_nodes
 from colocgrpo_dev.cluster.kwokctl_config import render_kwokctl_config, write_fake_log
 from colocgrpo_dev.cluster.locking import file_lock
+from colocgrpo_dev.cluster.node import host
+from colocgrpo_dev.cluster.node.node import RealNode
 from colocgrpo_dev.cluster.paths import cache_dir
 
 DEFAULT_NAME = "colocgrpo"
@@ -36,8 +47,13 @@ DEFAULT_NAME = "colocgrpo"
 
 @dataclass
 class DevCluster:
+    """One local cluster, by name. With `real_node`, `up` also starts the real node where this machine can run
+    containers (`node_unavailable` then says why it could not, in one line)."""
+
     name: str = DEFAULT_NAME
     workdir: Path = field(default_factory=lambda: cache_dir() / "cluster")
+    real_node: bool = False
+    node_unavailable: str | None = field(default=None, init=False)
 
     @property
     def cluster_dir(self) -> Path:
@@ -59,24 +75,58 @@ class DevCluster:
     def _fake_log(self) -> Path:
         return self.workdir / f"{self.name}-fake-container.log"
 
+    @property
+    def node(self) -> RealNode:
+        """The real node's handle (whether or not it runs)."""
+        return RealNode.for_cluster(self.name, self.cluster_dir, self.kubeconfig)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def up(self, timeout: float = 120) -> Path:
         """Build missing binaries, start the cluster unless it already answers, ensure the node pool
-        and install the ColocGRPOJob API (the CRD and the trainer status policy, api_install.py).
+        and install the ColocGRPOJob API (the CRD and the trainer status policy, api_install.py); with
+        `real_node`, start the real node too, or say in one line why this machine cannot.
 
         Idempotent: a running cluster is reused. Returns the kubeconfig path.
         """
         binaries = ensure_binaries()
-        config = render_kwokctl_config(binaries, self._fake_log)
+        node_binaries = self._node_binaries()
         with file_lock(self._lock_file):
-            # A running cluster started from another config (new pins or stages) is replaced.
+            node = self.node
+            node_network = node.network() if node_binaries else None
+            config = render_kwokctl_config(binaries, self._fake_log, node_network, self.cluster_dir / "pki")
+            # A running cluster started from another config (new pins or stages) is replaced, and so is one whose
+            # real node is missing or unwell: the node's address is part of the API server's settings.
             current = self._config_file.read_text() if self._config_file.is_file() else None
-            if current != config or not self.is_ready():
+            stale_node = node_binaries is not None and (node_network is None or not node.healthy())
+            if current != config or stale_node or not self.is_ready():
+                self._down()
+                if node_binaries is not None:
+                    node_network = node.create_network(self.workdir / ".node-network.lock")
+                config = render_kwokctl_config(binaries, self._fake_log, node_network, self.cluster_dir / "pki")
                 self._create(config, timeout)
-            self.ensure_gpu_nodes(timeout)
+            self.ensure_gpu_nodes(timeout, tainted=node_binaries is not None)
             install_api(self.kubectl, int(timeout))
+            if node_binaries is not None and node_network is not None and not node.healthy():
+                node.start(node_binaries, node_network, self.api_port(), timeout=max(timeout, 180))
         return self.kubeconfig
+
+    def _node_binaries(self) -> NodeBinaries | None:
+        """The real node's binaries (built if missing) when the node is asked for and this machine can run it;
+        otherwise None, with the one-line reason printed and kept in `node_unavailable`."""
+        if not self.real_node:
+            return None
+        reason = host.unsupported_reason()
+        if reason is not None:
+            self.node_unavailable = reason
+            print(f"==> no real node: {reason}. Without it, {host.WHAT_STILL_WORKS}.", file=sys.stderr, flush=True)
+            return None
+        return ensure_node_binaries()
+
+    def api_port(self) -> int:
+        """The API server's port on 127.0.0.1 (kwokctl picks a free one)."""
+        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        return int(server.rsplit(":", 1)[1])
 
     def down(self) -> None:
         """Stop every process `up` started and remove the cluster's state."""
@@ -84,6 +134,8 @@ class DevCluster:
             self._down()
 
     def _down(self) -> None:
+        # The real node first: its kubelet would otherwise keep calling an API server that is going away.
+        self.node.stop()
         if self.cluster_dir.exists():
             folder = binaries_dir()
             if (folder / "kwokctl").is_file():
@@ -107,6 +159,7 @@ class DevCluster:
         if ready:
             listing = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
             nodes = [n["metadata"]["name"] for n in listing["items"]]
+        node = self.node
         return {
             "name": self.name,
             "ready": ready,
@@ -114,6 +167,9 @@ class DevCluster:
             "state": str(self.cluster_dir),
             "binaries": str(binaries_dir()),
             "nodes": nodes,
+            "real_node": {"processes": node.running(), "ready": ready and node.healthy()}
+            if node.paths.state.exists()
+            else None,
         }
 
     # -- pieces ----------------------------------------------------------------------------
@@ -122,16 +178,17 @@ class DevCluster:
         """Run kubectl against this cluster (never the user's current context)."""
         return run([str(kubectl_path()), f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check)
 
-    def ensure_gpu_nodes(self, timeout: float = 60) -> None:
+    def ensure_gpu_nodes(self, timeout: float = 60, tainted: bool = False) -> None:
         """Create the fake GPU nodes (if absent) and wait until KWOK reports them Ready."""
-        nodes = render_gpu_nodes()
+        nodes = render_gpu_nodes(tainted=tainted)
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
         for node in nodes:
             # Node status sent on create is not guaranteed to survive kwok's initialize stage
             # racing it, so capacity is (re)asserted through the status subresource.
             patch = json.dumps({"status": node["status"]})
             self.kubectl("patch", "node", node["metadata"]["name"], "--subresource=status", "--type=merge", "-p", patch)
-        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s")
+        names = [f"node/{node['metadata']['name']}" for node in nodes]
+        self.kubectl("wait", "--for=condition=Ready", *names, f"--timeout={int(timeout)}s")
 
     def _create(self, config: str, timeout: float) -> None:
         if self.cluster_dir.exists():  # stale, or started from another config

@@ -8,15 +8,21 @@ import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colocgrpo_dev.cluster.binaries import kubectl_path
 from colocgrpo_dev.cluster.commands import run
 
+if TYPE_CHECKING:
+    from colocgrpo_dev.cluster.node.node import RealNode
+
 
 @dataclass
 class ClusterHandle:
+    """A cluster's kubeconfig, clients and namespaces; `node` is its real node, when it has one."""
+
     kubeconfig: Path
+    node: RealNode | None = None
     _namespaces: list[str] = field(default_factory=list)
 
     @cached_property

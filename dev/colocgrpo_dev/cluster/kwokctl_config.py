@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from colocgrpo_dev.cluster.binaries import Binaries
+from colocgrpo_dev.cluster.node.network import KUBERNETES_SERVICE_IP, SERVICE_CIDR, NodeNetwork
 from colocgrpo_dev.cluster.paths import kwok_stages_dir
 
 # The annotation every fake node carries (gpu_nodes.py): kwok plays the kubelet of these nodes only, never of the
@@ -33,8 +34,16 @@ def write_fake_log(path: Path) -> Path:
     return path
 
 
-def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
-    """A multi-document kwok config: KwokctlConfiguration, node/pod Stages, ClusterLogs."""
+def render_kwokctl_config(
+    binaries: Binaries, fake_log: Path, node: NodeNetwork | None = None, pki_dir: Path | None = None
+) -> str:
+    """A multi-document kwok config: KwokctlConfiguration, node/pod Stages, ClusterLogs.
+
+    With `node` (the real node's network, node/network.py), the API server is set up for a kubelet and for pods:
+    its `kubernetes` Service points at the host end of the node's link (where the relay listens), its certificate
+    names that address and the Service's, and it calls the kubelet with the cluster's admin certificate (from
+    `pki_dir`, kwokctl's PKI folder of the cluster).
+    """
     options = {
         "runtime": "binary",
         # kwokctl's default is 0.0.0.0; nothing of the dev cluster may listen beyond loopback.
@@ -83,6 +92,28 @@ def render_kwokctl_config(binaries: Binaries, fake_log: Path) -> str:
             "spec": {"logs": [{"logsFile": str(fake_log), "previousLogsFile": str(fake_log)}]},
         },
     ]
+    if node is not None:
+        if pki_dir is None:
+            raise ValueError("a cluster with a real node needs its PKI folder (pki_dir)")
+        options["kubeApiserverCertSANs"] = [node.host_ip, KUBERNETES_SERVICE_IP]
+        docs[0]["componentsPatches"].append(
+            {"name": "kube-apiserver", "extraArgs": api_server_node_args(node, pki_dir)}
+        )
     for stage_file in sorted((kwok_stages_dir()).glob("*.yaml")):
         docs.extend(d for d in yaml.safe_load_all(stage_file.read_text()) if d)
     return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def api_server_node_args(node: NodeNetwork, pki_dir: Path) -> list[dict[str, str]]:
+    """The API server's flags for a cluster with a real node (kwokctl's componentsPatches form)."""
+    return [
+        {"key": "advertise-address", "value": node.host_ip},
+        {"key": "service-cluster-ip-range", "value": SERVICE_CIDR},
+        # GPU pods tolerate the fake GPU nodes' nvidia.com/gpu taint without saying so, as on GPU clouds.
+        {"key": "enable-admission-plugins", "value": "ExtendedResourceToleration"},
+        # The kubelet by its InternalIP, the node's address on the link: never by its host name, which only the
+        # machine's resolver could look up.
+        {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+        {"key": "kubelet-client-certificate", "value": str(pki_dir / "admin.crt")},
+        {"key": "kubelet-client-key", "value": str(pki_dir / "admin.key")},
+    ]

@@ -1,0 +1,390 @@
+"""The dev cluster's real node: a kubelet on containerd, kube-proxy and the cluster DNS, in a network namespace of
+its own (network.py), registered with the cluster's API server as `cpu-node-0`.
+
+    node = RealNode.for_cluster("colocgrpo", cluster_dir, kubeconfig)
+    node.start(network, api_port)        # relay, containerd, pause and CoreDNS images, kubelet, kube-proxy, CoreDNS
+    node.import_image(archive, "docker.io/colocgrpo/trainer:0.1.0")
+    node.stop()                          # containers, processes, mounts, network, state: all gone
+
+Its processes run detached (they outlive the `cluster up` that started them), each with a pid file and a log
+under `<cluster>/node/`, like kwokctl's; `stop` (from any process) ends them by those pids. containerd's root,
+with the images, is `<cache>/containerd/node-<cluster>` and outlasts `stop`, so an image is imported once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from colocgrpo_dev.cluster.binaries import NodeBinaries
+from colocgrpo_dev.cluster.commands import run
+from colocgrpo_dev.cluster.node import dns, network, pki
+from colocgrpo_dev.cluster.node.config import (
+    COREDNS_IMAGE,
+    CRI_NAMESPACE,
+    NODE_NAME,
+    PAUSE_IMAGE,
+    REAL_NODE_LABEL,
+    NodePaths,
+    cni_network,
+    containerd_config,
+    dump,
+    dump_json,
+    kube_proxy_config,
+    kubeconfig,
+    kubelet_config,
+)
+from colocgrpo_dev.cluster.node.network import NodeNetwork
+from colocgrpo_dev.cluster.node.oci import BinaryImage, write_archive
+from colocgrpo_dev.cluster.paths import cache_dir
+
+# Unix socket paths are at most 107 bytes; containerd's shims add their own names under the state folder.
+MAX_SOCKET_PATH = 100
+# The processes in start order; stop goes in reverse.
+PROCESSES = ("relay", "containerd", "kubelet", "kube-proxy")
+
+
+class NodeStartError(RuntimeError):
+    """The real node did not come up; the message names the step and ends with its log."""
+
+
+@dataclass
+class RealNode:
+    """One cluster's real node. `paths` are its folders; `kubectl` runs against its cluster as admin."""
+
+    cluster: str
+    paths: NodePaths
+    admin_kubeconfig: Path
+    cluster_pki: Path
+    _started: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def for_cluster(cls, cluster: str, cluster_dir: Path, admin_kubeconfig: Path) -> RealNode:
+        paths = NodePaths(
+            state=cluster_dir / "node",
+            containerd_root=cache_dir() / "containerd" / f"node-{cluster}",
+            network_file=cluster_dir.parent.parent / f"{cluster}.node-network.json",
+        )
+        return cls(cluster=cluster, paths=paths, admin_kubeconfig=admin_kubeconfig, cluster_pki=cluster_dir / "pki")
+
+    def create_network(self, lock_file: Path) -> NodeNetwork:
+        """Make the node's network (network.create) and record it at once, so `stop` finds it whatever fails next."""
+        made = network.create(self.cluster, lock_file)
+        self.paths.network_file.parent.mkdir(parents=True, exist_ok=True)
+        self.paths.network_file.write_text(made.to_json())
+        return made
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def network(self) -> NodeNetwork | None:
+        """The node's network, when it was made and still exists."""
+        if not self.paths.network_file.is_file():
+            return None
+        found = NodeNetwork.from_json(self.paths.network_file.read_text())
+        return found if network.netns_exists(found.netns) else None
+
+    def running(self) -> dict[str, bool]:
+        """Whether each of the node's processes is alive."""
+        return {name: self._pid(name) is not None for name in PROCESSES}
+
+    def healthy(self) -> bool:
+        """All processes alive and the Node Ready."""
+        if not all(self.running().values()):
+            return False
+        probe = self._kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
+        if probe.returncode:
+            return False
+        conditions = json.loads(probe.stdout).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, binaries: NodeBinaries, node_network: NodeNetwork, api_port: int, timeout: float = 180) -> None:
+        """Bring the node up on `node_network` (made by network.create) against the API server on 127.0.0.1:`api_port`,
+        and wait until it is Ready and the cluster DNS answers. Raises NodeStartError naming the step that failed."""
+        if len(str(self.paths.socket)) > MAX_SOCKET_PATH:
+            raise NodeStartError(f"containerd's socket path is too long for a unix socket: {self.paths.socket}")
+        deadline = time.monotonic() + timeout
+        self._write_files(node_network, api_port)
+        inside = network.in_netns(node_network)
+        # The relay is this checkout's module, whatever copy of the developer tools the interpreter has installed.
+        tools = str(Path(__file__).resolve().parents[3])
+        self._spawn(
+            "relay",
+            [
+                sys.executable,
+                "-m",
+                "colocgrpo_dev.cluster.node.relay",
+                node_network.host_ip,
+                str(api_port),
+                "127.0.0.1",
+                str(api_port),
+            ],
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tools, os.environ.get("PYTHONPATH")]))),
+        )
+        self._spawn("containerd", [*inside, "containerd", "--config", str(self.paths.containerd_config)])
+        self._wait(
+            "containerd",
+            lambda: self.paths.socket.exists() and self._ctr("version", check=False).returncode == 0,
+            deadline,
+        )
+        for image in self._system_images(binaries):
+            self.import_image(image[0], image[1])
+        self._spawn(
+            "kubelet",
+            [
+                *inside,
+                str(binaries["kubelet"]),
+                f"--config={self.paths.state / 'kubelet.yaml'}",
+                f"--kubeconfig={self.paths.state / 'kubelet.kubeconfig'}",
+                f"--root-dir={self.paths.kubelet_dir}",
+                f"--cert-dir={self.paths.pki / 'kubelet-serving'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={node_network.node_ip}",
+                f"--node-labels={REAL_NODE_LABEL}=true",
+            ],
+        )
+        self._wait("kubelet", self._node_ready, deadline)
+        self._spawn(
+            "kube-proxy",
+            [*inside, str(binaries["kube-proxy"]), f"--config={self.paths.state / 'kube-proxy.yaml'}"],
+        )
+        self._kubectl("apply", "-f", "-", input=yaml.safe_dump_all(dns.manifests()))
+        remaining = max(1, int(deadline - time.monotonic()))
+        done = self._kubectl(
+            "-n", dns.NAMESPACE, "rollout", "status", f"deployment/{dns.NAME}", f"--timeout={remaining}s", check=False
+        )
+        if done.returncode:
+            raise NodeStartError(f"CoreDNS did not become ready: {done.stderr.strip()}\n{self._pods_summary()}")
+
+    def stop(self) -> None:
+        """End every container and process of the node, unmount what it mounted, remove its network and state.
+        Safe to call on a node that is half started, already stopped, or was never started."""
+        for name in ("kubelet", "kube-proxy", "relay"):
+            self._terminate(name)
+        if self._pid("containerd") is not None:
+            self._remove_containers()
+        self._terminate("containerd")
+        self._kill_leftover_shims()
+        self._unmount_all(self.paths.state)
+        found = (
+            NodeNetwork.from_json(self.paths.network_file.read_text()) if self.paths.network_file.is_file() else None
+        )
+        if found is not None:
+            network.delete(found)
+            self.paths.network_file.unlink(missing_ok=True)
+        if self.paths.state.exists():
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.paths.state)], check=False)
+
+    # -- images ----------------------------------------------------------------------------------
+
+    def import_image(self, archive: Path, reference: str) -> str:
+        """Import the OCI archive as `reference` into the node's runtime (where the kubelet looks), unless it holds
+        that very image already; returns the manifest digest."""
+        digest = _archive_digest(archive)
+        if self.image_digest(reference) != digest:
+            self._ctr("images", "import", "--no-unpack=false", "--snapshotter", "overlayfs", str(archive), timeout=1800)
+            if self.image_digest(reference) != digest:
+                raise NodeStartError(f"importing {archive} did not give {reference} the digest {digest}")
+        return digest
+
+    def image_digest(self, reference: str) -> str | None:
+        listed = self._ctr("images", "ls", f"name=={reference}").stdout.splitlines()[1:]
+        for line in listed:
+            fields = line.split()
+            if fields and fields[0] == reference:
+                return fields[2]
+        return None
+
+    def _system_images(self, binaries: NodeBinaries) -> list[tuple[Path, str]]:
+        """The pause and CoreDNS images, made from the node's binaries into archives beside them (once)."""
+        images = [
+            BinaryImage(PAUSE_IMAGE, binaries["pause"]),
+            BinaryImage(COREDNS_IMAGE, binaries["coredns"]),
+        ]
+        archives = []
+        for image in images:
+            archive = binaries.folder / "images" / f"{image.binary.name}.oci.tar"
+            if not archive.is_file():
+                write_archive(image, archive)
+            archives.append((archive, image.reference))
+        return archives
+
+    # -- pieces ----------------------------------------------------------------------------------
+
+    def _write_files(self, node_network: NodeNetwork, api_port: int) -> None:
+        paths = self.paths
+        for folder in (
+            paths.run,
+            paths.cni_conf_dir,
+            paths.cni_ipam_dir,
+            paths.kubelet_dir,
+            paths.pod_logs,
+            paths.pids,
+            paths.logs,
+            paths.containerd_root,
+        ):
+            folder.mkdir(parents=True, exist_ok=True)
+        paths.resolv_conf.write_text("")
+        ca_cert, ca_key = self.cluster_pki / "ca.crt", self.cluster_pki / "ca.key"
+        server = f"https://{node_network.host_ip}:{api_port}"
+        for name, subject, config_name in (
+            ("kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}", "kubelet.kubeconfig"),
+            ("kube-proxy", "/CN=system:kube-proxy", "kube-proxy.kubeconfig"),
+        ):
+            cert, key = pki.client_certificate(paths.pki, name, subject, ca_cert, ca_key)
+            (paths.state / config_name).write_text(dump(kubeconfig(server, ca_cert, cert, key, name)))
+        paths.containerd_config.write_text(containerd_config(paths))
+        (paths.cni_conf_dir / "10-colocgrpo.conflist").write_text(dump_json(cni_network(paths)))
+        (paths.state / "kubelet.yaml").write_text(dump(kubelet_config(paths, node_network, ca_cert)))
+        (paths.state / "kube-proxy.yaml").write_text(
+            dump(kube_proxy_config(node_network, paths.state / "kube-proxy.kubeconfig"))
+        )
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
+        log = self.paths.logs / f"{name}.log"
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+        (self.paths.pids / f"{name}.pid").write_text(str(process.pid))
+        self._started[name] = process
+
+    def _wait(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
+        """Wait until `ready()`, while every process started so far stays alive."""
+        while not ready():
+            for started, process in self._started.items():
+                if process.poll() is not None:
+                    raise NodeStartError(
+                        f"{started} exited ({process.returncode}) while {name} was starting:\n{self.log_tail(started)}"
+                    )
+            if time.monotonic() > deadline:
+                raise NodeStartError(f"{name} was not ready in time:\n{self.log_tail(name)}")
+            time.sleep(0.3)
+
+    def _node_ready(self) -> bool:
+        probe = self._kubectl(
+            "get", "node", NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False
+        )
+        return probe.returncode == 0 and probe.stdout.strip() == "True"
+
+    def log_tail(self, name: str, lines: int = 25) -> str:
+        log = self.paths.logs / f"{name}.log"
+        if not log.is_file():
+            return f"(no log at {log})"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def _pods_summary(self) -> str:
+        return self._kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+
+    def _pid(self, name: str) -> int | None:
+        """The pid of the node's `name` process, when it is alive and still that program (by its command line
+        naming this node's state folder, or for the relay, this node's address)."""
+        pid_file = self.paths.pids / f"{name}.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            return None
+        if status == "Z":
+            return None
+        if not command:  # in the middle of an exec (nsenter becoming the program): alive, and ours
+            return pid
+        marker = str(self.paths.state) if name != "relay" else "colocgrpo_dev.cluster.node.relay"
+        return pid if marker in command else None
+
+    def _terminate(self, name: str, grace: float = 20) -> None:
+        pid = self._pid(name)
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self._pid(name) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._pid(name) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _ctr(self, *args: str, check: bool = True, timeout: float | None = 120) -> subprocess.CompletedProcess[str]:
+        command = ["ctr", "--address", str(self.paths.socket), "--namespace", CRI_NAMESPACE, *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode:
+            raise NodeStartError(f"ctr {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def _remove_containers(self) -> None:
+        """SIGKILL every task of the CRI namespace (pods and their sandboxes) and delete them, so no container
+        outlives its runtime."""
+        listed = self._ctr("tasks", "ls", check=False).stdout.splitlines()[1:]
+        tasks = [line.split()[0] for line in listed if line.strip()]
+        for task in tasks:
+            self._ctr("tasks", "kill", "--signal", "SIGKILL", task, check=False)
+        deadline = time.monotonic() + 30
+        for task in tasks:
+            while self._ctr("tasks", "delete", task, check=False).returncode and time.monotonic() < deadline:
+                if task not in self._ctr("tasks", "ls", "-q", check=False).stdout.split():
+                    break
+                time.sleep(0.2)
+
+    def _kill_leftover_shims(self) -> None:
+        """containerd's shims outlive it by design; a shim started by this node's containerd names its socket."""
+        socket = str(self.paths.socket)
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                command = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if command and command[0].endswith("containerd-shim-runc-v2") and socket in command:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(proc.name), signal.SIGKILL)
+
+    @staticmethod
+    def _unmount_all(folder: Path) -> None:
+        """Lazily unmount every mount point under `folder` (secrets and tokens the kubelet mounted, containers'
+        root file systems, pods' network namespaces), deepest first."""
+        prefix = str(folder.resolve()) + "/"
+        points = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                points.append(point)
+        for point in sorted(set(points), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+    def _kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        from colocgrpo_dev.cluster.binaries import kubectl_path
+
+        return run([str(kubectl_path()), f"--kubeconfig={self.admin_kubeconfig}", *args], input=input, check=check)
+
+
+def _archive_digest(archive: Path) -> str:
+    """The digest of the (one) image manifest an OCI archive's index.json names."""
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise ValueError(f"{archive} has no index.json: not an OCI archive")
+        manifests = json.load(member).get("manifests") or []
+    if len(manifests) != 1:
+        raise ValueError(f"{archive} holds {len(manifests)} manifests, not one image")
+    return str(manifests[0]["digest"])
