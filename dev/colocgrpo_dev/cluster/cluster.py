@@ -98,7 +98,9 @@ class DevCluster:
             # A running cluster started from another config (new pins or stages) is replaced, and so is one whose
             # real node is missing or unwell: the node's address is part of the API server's settings.
             current = self._config_file.read_text() if self._config_file.is_file() else None
-            stale_node = node_binaries is not None and (node_network is None or not node.healthy())
+            stale_node = node_binaries is not None and (
+                node_network is None or not node.healthy(node.settings(node_binaries, node_network))
+            )
             if current != config or stale_node or not self.is_ready():
                 self._down()
                 if node_binaries is not None:
@@ -107,7 +109,11 @@ class DevCluster:
                 self._create(config, timeout)
             self.ensure_gpu_nodes(timeout, tainted=node_binaries is not None)
             install_api(self.kubectl, int(timeout))
-            if node_binaries is not None and node_network is not None and not node.healthy():
+            if (
+                node_binaries is not None
+                and node_network is not None
+                and not node.healthy(node.settings(node_binaries, node_network))
+            ):
                 node.start(node_binaries, node_network, self.api_port(), timeout=max(timeout, 180))
         return self.kubeconfig
 

@@ -190,13 +190,16 @@ def kubelet_config(paths: NodePaths, network: NodeNetwork, ca_file: Path) -> dic
             "x509": {"clientCAFile": str(ca_file)},
         },
         "authorization": {"mode": "Webhook"},
-        # The disk is shared with other work: never evict pods or delete images because it fills up.
+        # The disk is shared with other work that fills and frees it: never evict pods, taint the node or delete
+        # images because it runs low (the eviction manager reclaims disk by deleting every unused image, the
+        # pause image included, which no registry here can give back). 0% switches a threshold off.
         "imageGCHighThresholdPercent": 100,
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
-            "nodefs.inodesFree": "1%",
+            "nodefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.available": "0%",
+            "imagefs.inodesFree": "0%",
         },
         "serializeImagePulls": False,
         "rotateCertificates": False,

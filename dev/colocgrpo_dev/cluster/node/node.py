@@ -14,15 +14,18 @@ with the images, is `<cache>/containerd/node-<cluster>` and outlasts `stop`, so 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -97,9 +100,25 @@ class RealNode:
         """Whether each of the node's processes is alive."""
         return {name: self._pid(name) is not None for name in PROCESSES}
 
-    def healthy(self) -> bool:
-        """All processes alive and the Node Ready."""
+    def settings(self, binaries: NodeBinaries, node_network: NodeNetwork) -> str:
+        """A digest of everything the node is started from: its binaries, its configuration and the DNS objects.
+        A node started from other settings is stale (`healthy(settings)` says no)."""
+        documents = [
+            str(binaries.folder),
+            containerd_config(self.paths),
+            dump_json(cni_network(self.paths)),
+            dump(kubelet_config(self.paths, node_network, self.cluster_pki / "ca.crt")),
+            dump(kube_proxy_config(node_network, self.paths.state / "kube-proxy.kubeconfig")),
+            yaml.safe_dump_all(dns.manifests()),
+        ]
+        return hashlib.sha256("\0".join(documents).encode()).hexdigest()
+
+    def healthy(self, settings: str | None = None) -> bool:
+        """All processes alive, the Node Ready and, given `settings`, started from them."""
         if not all(self.running().values()):
+            return False
+        settings_file = self.paths.state / "settings.sha256"
+        if settings is not None and (not settings_file.is_file() or settings_file.read_text() != settings):
             return False
         probe = self._kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
         if probe.returncode:
@@ -116,6 +135,7 @@ class RealNode:
             raise NodeStartError(f"containerd's socket path is too long for a unix socket: {self.paths.socket}")
         deadline = time.monotonic() + timeout
         self._write_files(node_network, api_port)
+        (self.paths.state / "settings.sha256").write_text(self.settings(binaries, node_network))
         inside = network.in_netns(node_network)
         # The relay is this checkout's module, whatever copy of the developer tools the interpreter has installed.
         tools = str(Path(__file__).resolve().parents[3])
@@ -198,6 +218,13 @@ class RealNode:
                 raise NodeStartError(f"importing {archive} did not give {reference} the digest {digest}")
         return digest
 
+    def import_archive(self, archive: Path) -> str:
+        """Import an OCI archive under the name its index gives its image (`org.opencontainers.image.ref.name`, a
+        full reference as `images/build.py` writes it); returns that reference."""
+        reference = _archive_reference(archive)
+        self.import_image(archive, reference)
+        return reference
+
     def image_digest(self, reference: str) -> str | None:
         listed = self._ctr("images", "ls", f"name=={reference}").stdout.splitlines()[1:]
         for line in listed:
@@ -205,6 +232,17 @@ class RealNode:
             if fields and fields[0] == reference:
                 return fields[2]
         return None
+
+    # -- containers ------------------------------------------------------------------------------
+
+    def kill_container(self, container_id: str, signal_name: str = "SIGKILL") -> None:
+        """Signal a container's process from the runtime, behind the kubelet's back (a crash, the OOM killer)."""
+        self._ctr("tasks", "kill", "--signal", signal_name, container_id)
+
+    def pod_containers(self, namespace: str) -> list[str]:
+        """The runtime's containers (sandboxes included) of pods in `namespace`, by the kubelet's labels."""
+        selector = f'labels."io.kubernetes.pod.namespace"=={namespace}'
+        return self._ctr("containers", "ls", "-q", selector).stdout.split()
 
     def _system_images(self, binaries: NodeBinaries) -> list[tuple[Path, str]]:
         """The pause and CoreDNS images, made from the node's binaries into archives beside them (once)."""
@@ -376,10 +414,8 @@ class RealNode:
         return run([str(kubectl_path()), f"--kubeconfig={self.admin_kubeconfig}", *args], input=input, check=check)
 
 
-def _archive_digest(archive: Path) -> str:
-    """The digest of the (one) image manifest an OCI archive's index.json names."""
-    import tarfile
-
+def _archive_manifest(archive: Path) -> dict[str, Any]:
+    """The index entry of the (one) image manifest an OCI archive holds."""
     with tarfile.open(archive) as tar:
         member = tar.extractfile("index.json")
         if member is None:
@@ -387,4 +423,15 @@ def _archive_digest(archive: Path) -> str:
         manifests = json.load(member).get("manifests") or []
     if len(manifests) != 1:
         raise ValueError(f"{archive} holds {len(manifests)} manifests, not one image")
-    return str(manifests[0]["digest"])
+    return dict(manifests[0])
+
+
+def _archive_digest(archive: Path) -> str:
+    return str(_archive_manifest(archive)["digest"])
+
+
+def _archive_reference(archive: Path) -> str:
+    reference = (_archive_manifest(archive).get("annotations") or {}).get("org.opencontainers.image.ref.name")
+    if not reference or "/" not in reference:
+        raise ValueError(f"{archive} names no full image reference (org.opencontainers.image.ref.name)")
+    return str(reference)
