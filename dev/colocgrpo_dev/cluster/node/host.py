@@ -33,18 +33,23 @@ WHAT_STILL_WORKS = (
 )
 
 
-def missing_packages() -> list[str]:
-    """The Debian packages whose programs are not on PATH (or, for the CNI plugins, not in CNI_BIN_DIR)."""
-    missing = [package for package, tools in PACKAGES.items() if any(shutil.which(tool) is None for tool in tools)]
-    if not all((CNI_BIN_DIR / plugin).is_file() for plugin in CNI_PLUGINS):
+def missing_packages(packages: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The Debian packages whose programs are not on PATH (or, for the node's CNI plugins, not in CNI_BIN_DIR);
+    `packages` (default: the node's, PACKAGES and the CNI plugins) maps each package to its programs."""
+    missing = [
+        package
+        for package, tools in (packages or PACKAGES).items()
+        if any(shutil.which(tool) is None for tool in tools)
+    ]
+    if packages is None and not all((CNI_BIN_DIR / plugin).is_file() for plugin in CNI_PLUGINS):
         missing.append(CNI_PACKAGE)
     return missing
 
 
-def ensure_packages() -> None:
-    """apt-get install whatever of PACKAGES is missing (no-op when all are there). Raises RuntimeError when
-    they are missing and apt-get cannot install them."""
-    missing = missing_packages()
+def ensure_packages(packages: dict[str, tuple[str, ...]] | None = None) -> None:
+    """apt-get install whatever of `packages` (default: the node's) is missing; no-op when all are there. Raises
+    RuntimeError when some are missing and apt-get cannot install them."""
+    missing = missing_packages(packages)
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
