@@ -34,7 +34,7 @@ RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 
 
 # What `python -m images.build` runs, per Debian package (as `make images` installs them).
-IMAGE_TOOLS = {"buildah": ("buildah",), "mmdebstrap": ("mmdebstrap",)}
+IMAGE_TOOLS: dict[str, tuple[str, ...]] = {"buildah": ("buildah",), "mmdebstrap": ("mmdebstrap",)}
 
 
 def ensure_image_tools() -> None:

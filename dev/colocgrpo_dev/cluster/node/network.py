@@ -33,7 +33,7 @@ SERVICE_CIDR = "10.0.0.0/24"  # the API server's default, set explicitly so the 
 KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
 DNS_SERVICE_IP = "10.0.0.10"  # the cluster DNS Service (kube-dns), the kubelet's clusterDNS
 # The host ends of the links: one /30 per running node.
-LINK_RANGE = ipaddress.ip_network("10.213.0.0/16")
+LINK_RANGE = ipaddress.IPv4Network("10.213.0.0/16")
 NODE_INTERFACE = "eth0"
 
 
@@ -77,12 +77,12 @@ def used_networks() -> list[ipaddress.IPv4Network]:
     addresses = json.loads(run(["ip", "-j", "-4", "addr", "show"]).stdout or "[]")
     for interface in addresses:
         for info in interface.get("addr_info", []):
-            used.append(ipaddress.ip_network(f"{info['local']}/{info['prefixlen']}", strict=False))
+            used.append(ipaddress.IPv4Network(f"{info['local']}/{info['prefixlen']}", strict=False))
     for route in json.loads(run(["ip", "-j", "-4", "route", "show", "table", "all"]).stdout or "[]"):
         destination = route.get("dst", "")
         if destination and destination != "default":
             with contextlib.suppress(ValueError):
-                used.append(ipaddress.ip_network(destination if "/" in destination else f"{destination}/32"))
+                used.append(ipaddress.IPv4Network(destination if "/" in destination else f"{destination}/32"))
     return used
 
 
