@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from colocgrpo_dev.demo import reward_curve, reward_summary
+from colocgrpo_dev.demo import cpu_millis, reward_curve, reward_summary, training_seconds
 
 
 def _line(step: int, reward: float | None) -> str:
@@ -28,3 +28,10 @@ def test_reward_summary_averages_five_steps_at_each_end_or_half_of_a_short_run()
     assert (round(summary[0], 6), round(summary[1], 6)) == (0.3, 1.0)
     assert reward_summary([(1, 0.0), (2, 1.0), (3, 0.5)]) == (0.0, 0.5)
     assert reward_summary([(1, 0.5)]) is None
+
+
+def test_training_time_is_the_jobs_start_to_completion_and_cpu_quantities_read_as_millicores():
+    job = {"status": {"startTime": "2026-01-01T00:00:05Z", "completionTime": "2026-01-01T00:01:10Z"}}
+    assert training_seconds(job) == 65.0
+    assert training_seconds({"status": {"startTime": "2026-01-01T00:00:05Z"}}) == 0.0
+    assert [cpu_millis(q) for q in ("2", "1500m", "0.5", "100m")] == [2000, 1500, 500, 100]
