@@ -159,3 +159,33 @@ def test_one_binary_image_is_a_reproducible_oci_archive(tmp_path):
         with tarfile.open(fileobj=layer) as files:
             (member,) = files.getmembers()
             assert (member.name, member.mode, member.mtime) == ("probe", 0o755, 0)
+
+
+def test_nodes_share_one_containerd_root_and_a_second_gets_its_own_until_it_stops(tmp_path, monkeypatch):
+    from colocgrpo_dev.cluster.node.node import RealNode, shared_containerd_root
+
+    monkeypatch.setenv("COLOCGRPO_CACHE", str(tmp_path / "cache"))
+    first = RealNode.for_cluster("one", tmp_path / "clusters" / "one", tmp_path / "one.yaml")
+    second = RealNode.for_cluster("two", tmp_path / "clusters" / "two", tmp_path / "two.yaml")
+    assert first.paths.containerd_root == second.paths.containerd_root == shared_containerd_root()
+    held = first._claim_root()  # what the first node's containerd inherits and holds
+    try:
+        assert first.paths.containerd_root == shared_containerd_root()
+        with second._claim_root():
+            own = second.paths.containerd_root
+            assert own == tmp_path / "cache" / "containerd" / "node-two"
+        # Read back from the node's state, as `cluster status` and `down` in another process do.
+        again = RealNode.for_cluster("two", tmp_path / "clusters" / "two", tmp_path / "two.yaml")
+        assert again.paths.containerd_root == own
+        own.mkdir(parents=True)
+        (own / "image-layer").write_text("a copy of the images")
+        again.stop()
+        assert not own.exists()
+    finally:
+        held.close()
+    shared_containerd_root().mkdir(parents=True)
+    first.stop()
+    assert shared_containerd_root().is_dir()  # the shared root outlasts its node
+    third = RealNode.for_cluster("two", tmp_path / "clusters" / "two", tmp_path / "two.yaml")
+    with third._claim_root():  # free again: the second cluster's next node gets the shared root
+        assert third.paths.containerd_root == shared_containerd_root()

@@ -5,7 +5,7 @@ containers, the real node (node/).
 kwokctl (`--runtime binary`) owns the control plane's processes: it starts them detached, records
 their pids under the cluster's folder and stops them on delete; the real node's are recorded the same
 way under its `node/` folder. All state lives under <cache>/cluster/clusters/<name>/; `down` removes
-it (the real node's images stay in <cache>/containerd/node-<name>/).
+it (the real node's images stay in <cache>/containerd/node/, node/node.py says when they do not).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ CRI_NAMESPACE = "k8s.io"
 @dataclass(frozen=True)
 class NodePaths:
     """Where one node keeps its files. `state` is the per-run folder (removed by `down`); `containerd_root`
-    (images, snapshots) lives in the cache and outlasts it, so an image is imported once per cluster name;
+    (images, snapshots) lives in the cache and, shared by the clusters' nodes, outlasts it (node.py);
     `network_file` records the node's network (network.py) from the moment it is made until it is deleted."""
 
     state: Path

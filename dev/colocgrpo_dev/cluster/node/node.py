@@ -7,13 +7,19 @@ its own (network.py), registered with the cluster's API server as `cpu-node-0`.
     node.stop()                          # containers, processes, mounts, network, state: all gone
 
 Its processes run detached (they outlive the `cluster up` that started them), each with a pid file and a log
-under `<cluster>/node/`, like kwokctl's; `stop` (from any process) ends them by those pids. containerd's root,
-with the images, is `<cache>/containerd/node-<cluster>` and outlasts `stop`, so an image is imported once.
+under `<cluster>/node/`, like kwokctl's; `stop` (from any process) ends them by those pids.
+
+containerd's root, with the images unpacked (the trainer's alone is about 9 GB), is one folder for every cluster
+of the machine, `<cache>/containerd/node`, and outlasts `stop`: an image is imported once, whichever cluster (the
+demo's, the tests') runs it next. The node's containerd holds a lock on that root for as long as it runs; a node
+started while another cluster's node holds it gets a root of its own, `<cache>/containerd/node-<cluster>`, which
+`stop` removes, so no second copy of the images outlives its cluster.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -25,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -55,6 +61,31 @@ from colocgrpo_dev.cluster.paths import cache_dir
 MAX_SOCKET_PATH = 100
 # The processes in start order; stop goes in reverse.
 PROCESSES = ("relay", "containerd", "kubelet", "kube-proxy")
+# The file in the node's state folder that names the containerd root its containerd runs on.
+ROOT_RECORD = "containerd-root"
+
+
+def shared_containerd_root() -> Path:
+    """The containerd root every cluster's node uses when no other node holds it (the images, imported once)."""
+    return cache_dir() / "containerd" / "node"
+
+
+def own_containerd_root(cluster: str) -> Path:
+    """The root a node gets while another cluster's node holds the shared one; removed with the node."""
+    return cache_dir() / "containerd" / f"node-{cluster}"
+
+
+def lock_root(root: Path) -> IO[str] | None:
+    """An exclusive lock on containerd root `root` (the open lock file, `.<root name>.lock` beside it, as the image
+    tests' containerd takes it), or None while another process holds it."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(root.parent / f".{root.name}.lock", "w")  # noqa: SIM115 (handed to containerd, then closed)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 class NodeStartError(RuntimeError):
@@ -73,9 +104,13 @@ class RealNode:
 
     @classmethod
     def for_cluster(cls, cluster: str, cluster_dir: Path, admin_kubeconfig: Path) -> RealNode:
+        """The node of cluster `cluster`; its containerd root is the one its running containerd was given (recorded
+        in its state folder), else the shared one."""
+        state = cluster_dir / "node"
+        recorded = state / ROOT_RECORD
         paths = NodePaths(
-            state=cluster_dir / "node",
-            containerd_root=cache_dir() / "containerd" / f"node-{cluster}",
+            state=state,
+            containerd_root=Path(recorded.read_text().strip()) if recorded.is_file() else shared_containerd_root(),
             network_file=cluster_dir.parent.parent / f"{cluster}.node-network.json",
         )
         return cls(cluster=cluster, paths=paths, admin_kubeconfig=admin_kubeconfig, cluster_pki=cluster_dir / "pki")
@@ -134,25 +169,34 @@ class RealNode:
         if len(str(self.paths.socket)) > MAX_SOCKET_PATH:
             raise NodeStartError(f"containerd's socket path is too long for a unix socket: {self.paths.socket}")
         deadline = time.monotonic() + timeout
-        self._write_files(node_network, api_port)
-        (self.paths.state / "settings.sha256").write_text(self.settings(binaries, node_network))
-        inside = network.in_netns(node_network)
-        # The relay is this checkout's module, whatever copy of the developer tools the interpreter has installed.
-        tools = str(Path(__file__).resolve().parents[3])
-        self._spawn(
-            "relay",
-            [
-                sys.executable,
-                "-m",
-                "colocgrpo_dev.cluster.node.relay",
-                node_network.host_ip,
-                str(api_port),
-                "127.0.0.1",
-                str(api_port),
-            ],
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tools, os.environ.get("PYTHONPATH")]))),
-        )
-        self._spawn("containerd", [*inside, "containerd", "--config", str(self.paths.containerd_config)])
+        root_lock = self._claim_root()
+        try:
+            self._write_files(node_network, api_port)
+            (self.paths.state / "settings.sha256").write_text(self.settings(binaries, node_network))
+            inside = network.in_netns(node_network)
+            # The relay is this checkout's module, whatever copy of the developer tools the interpreter has installed.
+            tools = str(Path(__file__).resolve().parents[3])
+            self._spawn(
+                "relay",
+                [
+                    sys.executable,
+                    "-m",
+                    "colocgrpo_dev.cluster.node.relay",
+                    node_network.host_ip,
+                    str(api_port),
+                    "127.0.0.1",
+                    str(api_port),
+                ],
+                env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tools, os.environ.get("PYTHONPATH")]))),
+            )
+            # containerd inherits the root's lock and holds it until it exits.
+            self._spawn(
+                "containerd",
+                [*inside, "containerd", "--config", str(self.paths.containerd_config)],
+                pass_fds=(root_lock.fileno(),),
+            )
+        finally:
+            root_lock.close()  # containerd holds it now (or, on failure, nothing does)
         self._wait(
             "containerd",
             lambda: self.paths.socket.exists() and self._ctr("version", check=False).returncode == 0,
@@ -197,6 +241,10 @@ class RealNode:
         self._terminate("containerd")
         self._kill_leftover_shims()
         self._unmount_all(self.paths.state)
+        if self.paths.containerd_root != shared_containerd_root() and self.paths.containerd_root.exists():
+            # A root of the node's own (the shared one was held): its copy of the images goes with it.
+            self._unmount_all(self.paths.containerd_root)
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.paths.containerd_root)], check=False)
         found = (
             NodeNetwork.from_json(self.paths.network_file.read_text()) if self.paths.network_file.is_file() else None
         )
@@ -205,6 +253,27 @@ class RealNode:
             self.paths.network_file.unlink(missing_ok=True)
         if self.paths.state.exists():
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.paths.state)], check=False)
+
+    def _claim_root(self) -> IO[str]:
+        """Lock the shared containerd root, or else a root of this node's own, and record which in the state
+        folder; returns the held lock, for containerd to inherit."""
+        handle = lock_root(shared_containerd_root())
+        root = shared_containerd_root()
+        if handle is None:
+            root = own_containerd_root(self.cluster)
+            print(
+                f"==> another cluster's real node holds {shared_containerd_root()}: this node imports its images "
+                f"into {root}, removed when it stops",
+                file=sys.stderr,
+                flush=True,
+            )
+            handle = lock_root(root)
+            if handle is None:
+                raise NodeStartError(f"another containerd is using {root}: is this cluster's node starting twice?")
+        self.paths = NodePaths(state=self.paths.state, containerd_root=root, network_file=self.paths.network_file)
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        (self.paths.state / ROOT_RECORD).write_text(str(root))
+        return handle
 
     # -- images ----------------------------------------------------------------------------------
 
@@ -297,7 +366,9 @@ class RealNode:
             dump(kube_proxy_config(node_network, paths.state / "kube-proxy.kubeconfig"))
         )
 
-    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> None:
         log = self.paths.logs / f"{name}.log"
         with open(log, "ab") as out:
             process = subprocess.Popen(
@@ -307,6 +378,7 @@ class RealNode:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=env,
+                pass_fds=pass_fds,
             )
         (self.paths.pids / f"{name}.pid").write_text(str(process.pid))
         self._started[name] = process
