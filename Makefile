@@ -131,18 +131,27 @@ lint: dev-venv trainer-venv
 	"$(TRAINER_PY)" -m mypy
 	"$(DEV_PY)" -m pylint --disable=all --enable=duplicate-code operator training dev bench tests
 
-test: lint test-operator test-kopf-floor test-trainer
+# The three suites run at once, each against a control plane of its own (named $(TEST_CLUSTER)-<suite>): most of
+# an operator test is waiting on the API server while the trainer's tests keep both cores busy, so together they
+# take about as long as the longest one. Each suite's output is printed whole when it ends.
+TEST_CLUSTER ?= colocgrpo-test
+TEST_JOBS ?= 3
+
+test: lint
+	@echo "make test: the operator, kopf-floor and trainer suites run at once ($(TEST_JOBS) jobs); each prints when it ends"
+	$(MAKE) --no-print-directory --output-sync=target -j$(TEST_JOBS) test-operator test-kopf-floor test-trainer
 
 test-operator: dev-venv cluster-bin images
-	"$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)
+	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-operator" "$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)
 
 # The operator tests again on the kopf floor (the pure status-derivation tests do not touch kopf).
 test-kopf-floor: $(FLOOR_READY) cluster-bin
 	test "$$("$(FLOOR_PY)" -c 'import importlib.metadata as m; print(m.version("kopf"))')" = "$(KOPF_FLOOR)"
-	"$(FLOOR_PY)" -m pytest tests/operator --ignore=tests/operator/test_operator_status.py $(PYTEST_ARGS)
+	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-floor" "$(FLOOR_PY)" -m pytest tests/operator \
+		--ignore=tests/operator/test_operator_status.py $(PYTEST_ARGS)
 
 test-trainer: trainer-venv cluster-bin
-	"$(TRAINER_PY)" -m pytest tests/training $(PYTEST_ARGS)
+	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-trainer" "$(TRAINER_PY)" -m pytest tests/training $(PYTEST_ARGS)
 
 # The demo runs the tiny CPU job in the trainer image on the real node, with the operator installed from its chart;
 # it builds the images (python -m images.build) when their inputs changed. Where this machine cannot run containers
