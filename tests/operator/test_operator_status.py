@@ -646,6 +646,30 @@ def test_a_queue_label_from_kueues_default_local_queue_makes_the_job_kueues():
     assert suspended.action is Action.STOP_JOB
 
 
+def held_by_kueue(asked: str) -> dict:
+    """A Job Kueue's webhook suspended (manageJobsWithoutQueueName), the operator having asked for `asked`."""
+    job = kueue_job()
+    job["metadata"]["annotations"] = {"colocgrpo.io/suspend-requested": asked}
+    return job
+
+
+def test_a_job_suspended_by_kueue_without_a_queue_name_is_never_resumed_and_says_why():
+    # The operator asked for a running Job and finds it suspended: Kueue took it (manageJobsWithoutQueueName).
+    inadmissible = workload(("QuotaReserved", "False", "Inadmissible", "LocalQueue  doesn't exist"))
+    result = assess(RunFacts(nodes=2), held_by_kueue("false"), [], None, NOW, workloads=[inadmissible])
+    assert result.phase == "Queued"
+    assert result.action is Action.NONE
+    queued = cond(result.status, "Queued")
+    assert queued["reason"] == "NoQueueName"
+    assert "kueue.x-k8s.io/queue-name" in queued["message"] and "LocalQueue  doesn't exist" in queued["message"]
+    # The user's suspend deletes it (Kueue would otherwise start it once admitted).
+    assert assess(RunFacts(nodes=2, suspend=True), held_by_kueue("false"), [], None, NOW).action is Action.STOP_JOB
+    # A Job the operator itself suspended (the user's suspend, then resume) is resumed as before.
+    assert assess(RunFacts(nodes=2), held_by_kueue("true"), [], None, NOW).action is Action.RESUME_JOB
+    # A Job of an older operator (no annotation) too.
+    assert assess(RunFacts(nodes=2), kueue_job(), [], None, NOW).action is Action.RESUME_JOB
+
+
 def test_suspended_job_pods_are_not_failures():
     result = assess(RunFacts(nodes=2, suspend=True), batch_job(suspend=True), [failed(0)], None, NOW)
     assert result.phase == "Suspended"

@@ -22,6 +22,10 @@ JOB_NAME_LABEL = f"{GROUP}/job-name"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # ...and sets the Workload's priority from the WorkloadPriorityClass this label names.
 KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+# On the batch Job: the spec.suspend the operator last asked of it ("true" or "false"). A Job suspended while
+# this says "false" was suspended by someone else: Kueue's webhook, which with manageJobsWithoutQueueName
+# suspends every Job of the namespaces it manages, queue name or not.
+SUSPEND_REQUESTED_ANNOTATION = f"{GROUP}/suspend-requested"
 # The Job controller puts each pod's completion index (= node rank) in a label and an annotation
 # of this name (and in env JOB_COMPLETION_INDEX).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"

@@ -33,6 +33,7 @@ from colocgrpo_operator.api.naming import (
     SHM_DIR,
     TMP_DIR,
 )
+from colocgrpo_operator.api.queueing import queue_problems
 from colocgrpo_operator.api.trainer_args import trainer_args_problems
 from colocgrpo_training.rules import RULES, Field, spec_path
 
@@ -323,6 +324,10 @@ def parse_job(obj: Any) -> ColocGRPOJob:
     metadata = meta if isinstance(meta := obj.get("metadata"), dict) else {}
     problems.extend(name_problems(metadata.get("name")))
     problems.extend(metadata_problems(metadata))
+    labels = meta_labels if isinstance(meta_labels := metadata.get("labels"), dict) else {}
+    raw_spec = raw if isinstance(raw := obj.get("spec"), dict) else {}
+    scheduling = raw if isinstance(raw := raw_spec.get("scheduling"), dict) else {}
+    problems.extend(queue_problems(labels, scheduling))
     try:
         job = ColocGRPOJob.model_validate(obj)
     except ValidationError as error:

@@ -1,7 +1,8 @@
 """`colocgrpo validate -f FILE`: check ColocGRPOJob manifests offline.
 
 Exit 0 when every job is valid; exit 1 with one line per problem, each naming the
-field path (e.g. `spec.vllm.tensorParallelSize: must divide ...`). `-o json|yaml` prints the
+field path (e.g. `spec.vllm.tensorParallelSize: must divide ...`). A valid job that uses a
+deprecated field gets a `warning:` line on stderr naming it, and still exits 0. `-o json|yaml` prints the
 valid jobs as the API model reads them, every default filled in (one job as itself, several
 as one `v1 List`) instead of a line per job.
 """
@@ -30,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from colocgrpo_operator.api.queueing import job_warnings
     from colocgrpo_operator.manifest_files import read_jobs
 
     failed = False
@@ -40,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         failed = failed or bool(problems)
         for label, job in jobs:
+            for path, message in job_warnings(job):
+                print(f"{label}: warning: {path}: {message}", file=sys.stderr)
             if args.output:
                 valid.append(job.to_dict())
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from colocgrpo_operator.api import KUEUE_QUEUE_LABEL
+from colocgrpo_operator.api.naming import SUSPEND_REQUESTED_ANNOTATION
 from colocgrpo_operator.controller.objects import dig, pods_of_job, truncate
 
 SUSPEND_MESSAGE = (
@@ -19,12 +20,25 @@ SUSPEND_MESSAGE = (
 )
 
 
+# What `kueue_queue` names a Job that Kueue holds though it names no queue.
+NO_QUEUE_NAME = "(none)"
+NO_QUEUE_NAME_MESSAGE = (
+    "Kueue holds the Job though the job names no queue (Kueue manages every Job of this namespace: "
+    "manageJobsWithoutQueueName); create the ColocGRPOJob with the label kueue.x-k8s.io/queue-name=<LocalQueue>"
+)
+
+
 def kueue_queue(spec_queue: str | None, job: dict[str, Any] | None) -> str | None:
-    """The Kueue LocalQueue that admits this job's Job, if any: the spec's
-    (spec.scheduling.queueName), or the one Kueue's webhook labelled the Job with (a namespace's
-    LocalQueue named `default` takes every Job created without a queue name)."""
+    """The Kueue LocalQueue that admits this job's Job, if any: the job's (its
+    `kueue.x-k8s.io/queue-name` label, or spec.scheduling.queueName), or the one Kueue's webhook
+    labelled the Job with (a namespace's LocalQueue named `default` takes every Job created without
+    a queue name); NO_QUEUE_NAME for a Job suspended by someone else while the operator asked for it
+    to run (Kueue's manageJobsWithoutQueueName suspends every Job of the namespaces it manages)."""
     label = dig(job, "metadata", "labels", KUEUE_QUEUE_LABEL)
-    return spec_queue or (label if isinstance(label, str) and label else None)
+    if spec_queue or (isinstance(label, str) and label):
+        return spec_queue or label
+    asked = dig(job, "metadata", "annotations", SUSPEND_REQUESTED_ANNOTATION)
+    return NO_QUEUE_NAME if asked == "false" and dig(job, "spec", "suspend") is True else None
 
 
 def workload_of(job: dict[str, Any] | None, workloads: list[dict[str, Any]]) -> dict[str, Any] | None:

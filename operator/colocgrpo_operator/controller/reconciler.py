@@ -228,6 +228,11 @@ class Reconciler:
         now = datetime.now(UTC)
         current = self.ledger.current(key, cr)
         parsed = self.specs.parsed(cr)
+        if parsed.warnings and not parsed.warned:
+            # Once per parse (per generation), not per reconcile: a deprecated field, say.
+            parsed.warned = True
+            for path, message in parsed.warnings:
+                self.post_event(cr, "Warning", "DeprecatedField", f"{path}: {message}")
         if parsed.facts is None:
             desired = derive.invalid_spec_status(
                 current.record_or_empty(), current.status, parsed.problems, now, meta.get("generation")

@@ -24,6 +24,7 @@ from colocgrpo_operator.api.naming import (
     COMPLETION_INDEX_KEY,
     GPU_MEMORY_ANNOTATION,
     KUEUE_QUEUE_LABEL,
+    SUSPEND_REQUESTED_ANNOTATION,
     OPERATOR_ANNOTATION_PREFIX,
     RECORD_ANNOTATION,
 )
@@ -80,10 +81,13 @@ def batch_job_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     # The queue label tells whether Kueue admits the Job (its webhook may have put it there).
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == KUEUE_QUEUE_LABEL}
+    # ...and the suspend the operator asked of it, whether someone else (Kueue) suspended it.
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k == SUSPEND_REQUESTED_ANNOTATION}
     return {
         "metadata": dict(
             _pick(meta, ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")),
             labels=labels,
+            annotations=annotations,
             ownerReferences=_owner_uids(meta),
         ),
         "spec": _pick(body.get("spec"), ("suspend", "completions", "parallelism")),

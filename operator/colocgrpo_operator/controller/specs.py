@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from colocgrpo_operator.api import JobSpecError, parse_job
+from colocgrpo_operator.api import KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL, JobSpecError, parse_job
+from colocgrpo_operator.api.queueing import job_queue, job_warnings
 from colocgrpo_operator.controller import status as derive
 
 # Parsed specs kept before the cache starts over (one per job and generation in use).
@@ -20,11 +21,14 @@ _CACHE_LIMIT = 4096
 
 class ParsedSpec:
     """One generation of a job's spec, parsed: the run facts and the plan warning of a valid spec
-    (`facts` is None exactly when it is invalid), or the problems that refuse it."""
+    (`facts` is None exactly when it is invalid), or the problems that refuse it; `warnings`, what a
+    valid spec should change (a deprecated field), announced once (`warned`)."""
 
     def __init__(self, cr: dict[str, Any]):
         self.valid = False
         self.problems: list[tuple[str, str]] = []
+        self.warnings: list[tuple[str, str]] = []
+        self.warned = False
         self.facts: derive.RunFacts | None = None
         self.plan_warning: tuple[bool, str, str] | None = None
         meta = cr.get("metadata") or {}
@@ -42,13 +46,14 @@ class ParsedSpec:
             gpus_per_node=spec.resources.gpus_per_node,
             max_restarts=spec.run_policy.max_restarts,
             suspend=spec.run_policy.suspend,
-            queue_name=spec.scheduling.queue_name,
+            queue_name=job_queue(job),
             stall_timeout_seconds=spec.run_policy.stall_timeout_seconds,
             active_deadline_seconds=spec.run_policy.active_deadline_seconds,
             generation=meta.get("generation"),
             progress_deadline_seconds=spec.run_policy.progress_deadline_seconds,
         )
         self.plan_warning = _plan_warning(cr) if spec.resources.gpus_per_node > 0 else None
+        self.warnings = job_warnings(job)
         self.valid = True
 
     def job_model(self, cr: dict[str, Any]) -> Any:
@@ -58,16 +63,23 @@ class ParsedSpec:
 
 
 class SpecCache:
-    """Every job's `ParsedSpec`, by (uid, generation): a spec is parsed once, however many
-    reconciles read it."""
+    """Every job's `ParsedSpec`, by (uid, generation, Kueue's labels): a spec is parsed once, however
+    many reconciles read it. (A label change does not move the generation, and Kueue's two say where
+    the job queues.)"""
 
     def __init__(self) -> None:
-        self._specs: dict[tuple[str, Any], ParsedSpec] = {}
+        self._specs: dict[tuple[str, Any, Any, Any], ParsedSpec] = {}
 
     def parsed(self, cr: dict[str, Any]) -> ParsedSpec:
-        """The job's spec parsed once per (uid, generation), cached."""
+        """The job's spec parsed once per (uid, generation, Kueue's labels), cached."""
         meta = cr.get("metadata") or {}
-        cache_key = (meta.get("uid") or "", meta.get("generation"))
+        labels = meta.get("labels") or {}
+        cache_key = (
+            meta.get("uid") or "",
+            meta.get("generation"),
+            labels.get(KUEUE_QUEUE_LABEL),
+            labels.get(KUEUE_PRIORITY_CLASS_LABEL),
+        )
         parsed = self._specs.get(cache_key)
         if parsed is None:
             if len(self._specs) > _CACHE_LIMIT:

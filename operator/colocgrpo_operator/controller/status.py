@@ -21,7 +21,14 @@ from colocgrpo_operator.api import Phase
 from colocgrpo_operator.api.model import FIRST_STEP_ALLOWANCE_SECONDS
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.failures import Failure, classify_failure
-from colocgrpo_operator.controller.kueue import SUSPEND_MESSAGE, kueue_queue, kueue_wait, workload_of
+from colocgrpo_operator.controller.kueue import (
+    NO_QUEUE_NAME,
+    NO_QUEUE_NAME_MESSAGE,
+    SUSPEND_MESSAGE,
+    kueue_queue,
+    kueue_wait,
+    workload_of,
+)
 from colocgrpo_operator.controller.objects import (
     as_list,
     completion_index,
@@ -481,6 +488,8 @@ def _queued(status: _StatusBuilder, job: dict[str, Any], queue: str, workload: d
         )
         again = " again after the gang restart" if restarted else " again"
     message = f"queued{again} in Kueue queue {queue}: {why}"
+    if queue == NO_QUEUE_NAME:
+        reason, message = "NoQueueName", f"{NO_QUEUE_NAME_MESSAGE}; {why}"
     return status.build(
         QUEUED, message, (False, "Queued", "waiting for Kueue to admit the job"), queued=(True, reason, message)
     )

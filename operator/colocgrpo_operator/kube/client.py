@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from colocgrpo_operator.api import GROUP, KIND, PLURAL, VERSION
+from colocgrpo_operator.api.naming import SUSPEND_REQUESTED_ANNOTATION
 from colocgrpo_operator.kube.credentials import Credentials, load_credentials
 from colocgrpo_operator.metrics import API_REQUESTS, API_RETRIES
 
@@ -350,11 +351,15 @@ class KubeApi:
         return True
 
     def patch_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        """Set the batch Job's spec.suspend (merge patch); raises KubeApiError on refusal."""
+        """Set the batch Job's spec.suspend, and the annotation that says the operator asked for it
+        (one merge patch); raises KubeApiError on refusal."""
         self.request(
             "PATCH",
             object_path("Job", namespace, name),
-            body={"spec": {"suspend": suspend}},
+            body={
+                "metadata": {"annotations": {SUSPEND_REQUESTED_ANNOTATION: "true" if suspend else "false"}},
+                "spec": {"suspend": suspend},
+            },
             content_type="application/merge-patch+json",
         )
 

@@ -23,6 +23,7 @@ from colocgrpo_operator.api.naming import (
     RENDEZVOUS_PORT,
     REWARD_MODULES_DIR,
     SHM_DIR,
+    SUSPEND_REQUESTED_ANNOTATION,
     TMP_DIR,
     TRAINER_APP_NAME,
     batch_job_name,
@@ -31,6 +32,7 @@ from colocgrpo_operator.api.naming import (
     service_name,
     trainer_account_name,
 )
+from colocgrpo_operator.api.queueing import job_priority_class, job_queue
 from colocgrpo_operator.render.launch_config import render_accelerate_yaml, render_deepspeed_json
 from colocgrpo_operator.render.trainer_config import render_trainer_config
 
@@ -321,11 +323,14 @@ def render_batch_job(job: ColocGRPOJob, image: str) -> dict[str, Any]:
     spec = job.spec
     nodes = spec.resources.nodes
     labels = child_labels(job)
-    queue = spec.scheduling.queue_name
+    # Kueue's labels, from the job's own labels (or their deprecated spec fields): Kueue admits the Job.
+    queue = job_queue(job)
     if queue:
         labels[KUEUE_QUEUE_LABEL] = queue
-    if spec.scheduling.workload_priority_class_name:
-        labels[KUEUE_PRIORITY_CLASS_LABEL] = spec.scheduling.workload_priority_class_name
+    priority_class = job_priority_class(job)
+    if priority_class:
+        labels[KUEUE_PRIORITY_CLASS_LABEL] = priority_class
+    suspend = bool(spec.run_policy.suspend or queue)
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": nodes,
@@ -336,7 +341,7 @@ def render_batch_job(job: ColocGRPOJob, image: str) -> dict[str, Any]:
         # Do not start a replacement before the old pod is gone: it would hold the GPUs twice.
         "podReplacementPolicy": "Failed",
         # Kueue admits a queued Job by unsuspending it; otherwise suspend follows the spec.
-        "suspend": bool(spec.run_policy.suspend or queue),
+        "suspend": suspend,
         "template": render_pod_template(job, image),
     }
     if spec.run_policy.active_deadline_seconds is not None:
@@ -344,6 +349,11 @@ def render_batch_job(job: ColocGRPOJob, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": object_meta(job, batch_job_name(job.name), labels=labels),
+        "metadata": object_meta(
+            job,
+            batch_job_name(job.name),
+            labels=labels,
+            annotations={SUSPEND_REQUESTED_ANNOTATION: "true" if suspend else "false"},
+        ),
         "spec": job_spec,
     }
