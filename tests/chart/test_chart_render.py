@@ -41,8 +41,8 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
+        *["ValidatingAdmissionPolicy"] * 3,  # the trainer's status, Kueue's labels (refused, warned)
+        *["ValidatingAdmissionPolicyBinding"] * 3,
     ]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
@@ -482,14 +482,34 @@ def test_trainer_status_policy_is_the_one_the_dev_cluster_installs(render_chart)
     from colocgrpo_operator.api.admission import trainer_status_policy
 
     objects = render_chart(release="cgo")
-    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
-    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    (policy,) = [o for o in by_kind(objects, "ValidatingAdmissionPolicy") if "kueue" not in o["metadata"]["name"]]
+    (binding,) = [
+        o for o in by_kind(objects, "ValidatingAdmissionPolicyBinding") if "kueue" not in o["metadata"]["name"]
+    ]
     expected_policy, expected_binding = trainer_status_policy("cgo-colocgrpo-operator-trainer-status")
     assert policy["metadata"]["name"] == binding["metadata"]["name"] == expected_policy["metadata"]["name"]
     assert policy["spec"] == expected_policy["spec"]
     assert binding["spec"] == expected_binding["spec"]
-    off = render_chart("--set", "trainerStatusPolicy.enabled=false")
+    off = render_chart("--set", "trainerStatusPolicy.enabled=false", "--set", "kueueLabelPolicies.enabled=false")
     assert not [o for o in off if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+def test_kueue_label_policies_are_the_ones_the_dev_cluster_installs(render_chart):
+    """The chart's two policies of Kueue's labels are api/queueing.py's (which the dev cluster installs and
+    tests/operator/test_kueue.py proves against the API server), under the release's name, and can be turned off."""
+    from colocgrpo_operator.api.queueing import queue_policies
+
+    expected = queue_policies("cgo-colocgrpo-operator")
+    objects = [
+        o
+        for o in render_chart(release="cgo")
+        if o["kind"].startswith("ValidatingAdmissionPolicy") and "kueue" in o["metadata"]["name"]
+    ]
+    assert sorted(((o["kind"], o["metadata"]["name"], o["spec"]) for o in objects), key=str) == sorted(
+        ((o["kind"], o["metadata"]["name"], o["spec"]) for o in expected), key=str
+    )
+    off = render_chart("--set", "kueueLabelPolicies.enabled=false")
+    assert not [o for o in off if "kueue" in o["metadata"]["name"]]
 
 
 @pytest.mark.parametrize(

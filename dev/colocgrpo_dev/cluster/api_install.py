@@ -1,5 +1,6 @@
-"""Install the ColocGRPOJob API into a cluster the way the chart does: the CRD and the policy that
-keeps each job's trainer to `status.progress` (api/admission.py).
+"""Install the ColocGRPOJob API into a cluster the way the chart does: the CRD, the policy that
+keeps each job's trainer to `status.progress` (api/admission.py) and the policies of Kueue's labels
+(api/queueing.py).
 
 Used by `colocgrpo-dev cluster up`, the demo and the test fixtures; the chart ships the same
 objects (crds/, templates/trainer-status-policy.yaml).
@@ -15,6 +16,7 @@ import yaml
 
 from colocgrpo_operator.api.admission import trainer_status_policy
 from colocgrpo_operator.api.crd import generate_crd
+from colocgrpo_operator.api.queueing import queue_policies
 from colocgrpo_operator.api.naming import CRD_NAME
 
 
@@ -25,8 +27,8 @@ class Kubectl(Protocol):
 
 
 def install_api(kubectl: Kubectl, timeout_seconds: int = 60) -> None:
-    """Server-side apply the CRD and the trainer status policy; wait until the CRD is Established."""
-    documents = [generate_crd(), *trainer_status_policy()]
+    """Server-side apply the CRD and the admission policies; wait until the CRD is Established."""
+    documents = [generate_crd(), *trainer_status_policy(), *queue_policies()]
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(documents))
     # Polled rather than `kubectl wait --for=condition=Established`, which fails at once ("conditions accessor
     # error") when it reads the CRD before the API server has written any condition.
