@@ -122,6 +122,8 @@ cluster-bin: dev-venv
 crd: dev-venv
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd > charts/colocgrpo-operator/crds/colocgrpojobs.colocgrpo.io.yaml
 	"$(DEV_PY)" -m colocgrpo_operator.cli crd --helm-template > charts/colocgrpo-crds/templates/colocgrpojobs.colocgrpo.io.yaml
+	"$(DEV_PY)" -m colocgrpo_operator.cli crd --runtimes > charts/colocgrpo-operator/crds/runtimes.colocgrpo.io.yaml
+	"$(DEV_PY)" -m colocgrpo_operator.cli crd --runtimes --helm-template > charts/colocgrpo-crds/templates/runtimes.colocgrpo.io.yaml
 
 # mypy runs in the trainer venv: torch, transformers and TRL type the trainer code there. pylint's
 # duplicate-code check runs in the dev venv, where astroid finds no torch to parse (minutes, not seconds).

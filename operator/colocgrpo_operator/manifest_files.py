@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from colocgrpo_operator.api.model import ColocGRPOJob
+from colocgrpo_operator.api.model import CLUSTER_RUNTIME_KIND, RUNTIME_KIND, ColocGRPOJob
+from colocgrpo_operator.api.runtime import RuntimeKey, runtimes_by_key, with_runtime
 from colocgrpo_operator.api.validation import JobSpecError, parse_job
 
 
@@ -41,13 +42,28 @@ def load_documents(path: str) -> list[Any]:
     return documents
 
 
-def read_jobs(path: str, namespace: str | None = None) -> tuple[list[tuple[str, ColocGRPOJob]], list[str]]:
+def read_runtimes(paths: list[str]) -> tuple[dict[RuntimeKey, dict[str, Any]], list[str]]:
+    """The (Cluster)ColocGRPORuntimes in PATHS, by (kind, name), and one printable line per unreadable file."""
+    runtimes: dict[RuntimeKey, dict[str, Any]] = {}
+    problems = []
+    for path in paths:
+        try:
+            runtimes.update(runtimes_by_key(load_documents(path)))
+        except ManifestError as error:
+            problems.append(f"error: {error}")
+    return runtimes, problems
+
+
+def read_jobs(
+    path: str, namespace: str | None = None, runtimes: dict[RuntimeKey, dict[str, Any]] | None = None
+) -> tuple[list[tuple[str, ColocGRPOJob]], list[str]]:
     """The valid ColocGRPOJobs in PATH and one printable line per problem.
 
     Each job comes with its label: PATH, or PATH[i] when the file holds several documents.
     Problems are `error: ...` for a file that cannot be read, else `<label>: <field path>: ...`
     for every bad field of every invalid document. NAMESPACE fills in metadata.namespace
-    where a document leaves it unset.
+    where a document leaves it unset. A job that names a runtime (spec.runtimeRef) is merged with
+    it (api/runtime.py): one of RUNTIMES, or a runtime document in PATH itself, which is not a job.
     """
     try:
         documents = load_documents(path)
@@ -55,12 +71,15 @@ def read_jobs(path: str, namespace: str | None = None) -> tuple[list[tuple[str, 
         return [], [f"error: {error}"]
     jobs: list[tuple[str, ColocGRPOJob]] = []
     problems: list[str] = []
+    known = {**(runtimes or {}), **runtimes_by_key(documents)}
     for index, document in enumerate(documents):
         label = path if len(documents) == 1 else f"{path}[{index}]"
+        if isinstance(document, dict) and document.get("kind") in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND):
+            continue
         if namespace and isinstance(document, dict) and isinstance(document.get("metadata"), dict):
             document["metadata"].setdefault("namespace", namespace)
         try:
-            jobs.append((label, parse_job(document)))
+            jobs.append((label, parse_job(with_runtime(document, known))))
         except JobSpecError as error:
             problems.extend(f"{label}: {line}" for line in error.lines())
     return jobs, problems

@@ -619,8 +619,29 @@ TrainerArgValue = Annotated[
 ]
 
 
+RUNTIME_KIND = "ColocGRPORuntime"
+CLUSTER_RUNTIME_KIND = "ClusterColocGRPORuntime"
+RuntimeKind = Literal["ColocGRPORuntime", "ClusterColocGRPORuntime"]
+
+
+class RuntimeRef(_Spec):
+    """The runtime a job takes its defaults from (api/runtime.py merges them)."""
+
+    name: DnsName = Field(description="Name of the runtime.")
+    kind: RuntimeKind = Field(
+        default="ClusterColocGRPORuntime",
+        description="ClusterColocGRPORuntime (cluster-wide) or ColocGRPORuntime (of the job's namespace).",
+    )
+
+
 class ColocGRPOJobSpec(_Spec):
     """Desired state of a GRPO training run."""
+
+    runtime_ref: RuntimeRef | None = Field(
+        default=None,
+        description="A (Cluster)ColocGRPORuntime whose template gives this job's defaults; the job's own fields "
+        "override them, except the runtime's lockedFields.",
+    )
 
     image: ShortString | None = Field(
         default=None,
@@ -769,6 +790,14 @@ class FailureStatus(_Spec):
     time: Timestamp | None = None
 
 
+class RuntimeStatus(_Spec):
+    """The runtime the job's current gang was made from (written by the operator)."""
+
+    kind: RuntimeKind | None = None
+    name: Annotated[str, Field(max_length=MAX_SHORT_STRING)] | None = None
+    generation: int | None = Field(default=None, ge=0, description="metadata.generation of the runtime used.")
+
+
 class ColocGRPOJobStatus(_Spec):
     """Observed state. The operator owns everything except `progress`, which the trainer owns."""
 
@@ -798,6 +827,11 @@ class ColocGRPOJobStatus(_Spec):
         default=None, description="Name of the pod with completion index 0 (logs live there)."
     )
     progress: ProgressStatus | None = None
+    runtime: RuntimeStatus | None = Field(
+        default=None,
+        description="The runtime (kind, name, generation) the current gang's spec was merged from; a runtime "
+        "edited later reaches the job at its next gang restart.",
+    )
 
 
 # ----------------------------------------------------------------------------- the resource

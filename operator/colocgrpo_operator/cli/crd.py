@@ -1,4 +1,5 @@
-"""`colocgrpo crd`: print the ColocGRPOJob CustomResourceDefinition (generated from the API model)."""
+"""`colocgrpo crd`: print the ColocGRPOJob CustomResourceDefinition (generated from the API model); with
+`--runtimes`, the two runtime CRDs."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--reference", action="store_true", help="print the Markdown field reference (docs/api.md) instead"
     )
     parser.add_argument(
+        "--runtimes",
+        action="store_true",
+        help="print the ColocGRPORuntime and ClusterColocGRPORuntime CRDs instead",
+    )
+    parser.add_argument(
         "--helm-template",
         action="store_true",
         help="print it as the template of the colocgrpo-crds chart (kept on helm uninstall)",
@@ -29,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
         from colocgrpo_operator.api.reference import field_reference_markdown
 
         sys.stdout.write(field_reference_markdown())
+        return 0
+    if args.runtimes:
+        from colocgrpo_operator.api.runtime import runtime_crds_yaml
+
+        sys.stdout.write(runtime_crds_yaml(helm_template=args.helm_template))
         return 0
     from colocgrpo_operator.api.crd import crd_yaml
 

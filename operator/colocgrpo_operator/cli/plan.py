@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from colocgrpo_operator.cli.output import add_output_flag, format_object
+from colocgrpo_operator.cli.runtime_flag import add_runtime_flag, load_runtimes
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -37,11 +38,13 @@ def register(subparsers: Any) -> None:
         "colocgrpo.io/gpu-memory-gib annotation, else 139.8 = H200)",
     )
     add_output_flag(parser, "the plan")
+    add_runtime_flag(parser)
     parser.set_defaults(func=run)
 
 
-def _load_job(filename: str) -> tuple[dict[str, Any], Path | None]:
-    """The one job document in FILENAME, read as `validate` reads it (same messages for missing files, bad YAML).
+def _load_job(filename: str) -> tuple[dict[str, Any], Path | None, list[Any]]:
+    """The one job document in FILENAME, read as `validate` reads it (same messages for missing files, bad YAML),
+    its folder, and every document of the file (a runtime the job names may be among them).
 
     A file holding a single document is returned whatever its kind, so that the API model names
     what is wrong with it (kind, apiVersion, not a mapping) instead of "no job found".
@@ -51,13 +54,13 @@ def _load_job(filename: str) -> tuple[dict[str, Any], Path | None]:
     documents = load_documents(filename)
     base_dir = None if filename == "-" else Path(filename).resolve().parent
     if len(documents) == 1:
-        return documents[0], base_dir
+        return documents[0], base_dir, documents
     jobs = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == "ColocGRPOJob"]
     if not jobs:
         raise ValueError(f"{filename}: no ColocGRPOJob document among its {len(documents)} documents")
     if len(jobs) > 1:
         raise ValueError(f"{filename}: {len(jobs)} ColocGRPOJob documents; plan one at a time")
-    return jobs[0], base_dir
+    return jobs[0], base_dir, documents
 
 
 def _validation_problems(job: dict[str, Any]) -> list[str]:
@@ -95,8 +98,20 @@ def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.render.plan_request import plan_job
     from colocgrpo_training.planner import PlanInputError
 
+    from colocgrpo_operator.api import JobSpecError
+    from colocgrpo_operator.api.runtime import runtimes_by_key, with_runtime
+
+    runtimes, unreadable = load_runtimes(args)
     try:
-        job, base_dir = _load_job(args.filename)
+        if unreadable:
+            raise ValueError("; ".join(line.removeprefix("error: ") for line in unreadable))
+        job, base_dir, documents = _load_job(args.filename)
+        # The job as it runs: merged with the runtime it names (the plan is of the merged spec).
+        job = with_runtime(job, {**runtimes, **runtimes_by_key(documents)})
+    except JobSpecError as error:  # the runtime: missing, invalid, or a locked field overridden
+        for line in error.lines():
+            print(f"error: {args.filename}: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except ValueError as error:  # ManifestError too: the message names the file
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from colocgrpo_operator.cli.runtime_flag import add_runtime_flag, load_runtimes
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -32,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="yaml",
         help="yaml: one document per object (default); json: one v1 List",
     )
+    add_runtime_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -40,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.manifest_files import dump_documents, read_jobs
     from colocgrpo_operator.render import render_children
 
-    jobs, problems = read_jobs(args.filename, namespace=args.namespace)
+    runtimes, problems = load_runtimes(args)
+    jobs, job_problems = read_jobs(args.filename, namespace=args.namespace, runtimes=runtimes)
+    problems += job_problems
     if problems:
         for line in problems:
             print(line, file=sys.stderr)

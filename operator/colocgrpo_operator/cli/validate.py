@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from colocgrpo_operator.cli.output import add_output_flag, as_list, format_object
+from colocgrpo_operator.cli.runtime_flag import add_runtime_flag, load_runtimes
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "-f", "--filename", required=True, action="append", help="YAML file ('-' for stdin); repeatable"
     )
     add_output_flag(parser, "the valid jobs, defaults filled in,")
+    add_runtime_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -34,10 +36,13 @@ def run(args: argparse.Namespace) -> int:
     from colocgrpo_operator.api.queueing import job_warnings
     from colocgrpo_operator.manifest_files import read_jobs
 
-    failed = False
+    runtimes, unreadable = load_runtimes(args)
+    for line in unreadable:
+        print(line, file=sys.stderr)
+    failed = bool(unreadable)
     valid: list[dict[str, Any]] = []
     for path in args.filename:
-        jobs, problems = read_jobs(path)
+        jobs, problems = read_jobs(path, runtimes=runtimes)
         for line in problems:
             print(line, file=sys.stderr)
         failed = failed or bool(problems)
