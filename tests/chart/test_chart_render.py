@@ -31,10 +31,8 @@ def test_defaults_are_valid_kubernetes_objects(render_chart):
 
     objects = render_chart()
     assert sorted(o["kind"] for o in objects) == [
-        "ClusterRole",
-        "ClusterRole",
-        "ClusterRole",
-        "ClusterRoleBinding",
+        *["ClusterRole"] * 5,  # the operator's; the jobs' editor and viewer; the runtimes' admin and reader
+        *["ClusterRoleBinding"] * 2,  # the operator's; every authenticated user reads the cluster's runtimes
         "Deployment",
         "PodDisruptionBudget",  # two replicas: a drain evicts one at a time
         "Role",  # leader election's Lease
@@ -272,19 +270,27 @@ NAMESPACED_RULES = {
     ("", "events"): {"create", "patch", "list"},  # list: why a Job's pods cannot be created
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # read-only: why a queued job waits
+    ("colocgrpo.io", "colocgrporuntimes"): {"get", "list", "watch"},  # read-only: admins own runtimes
 }
 CRD_DISCOVERY = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     ("", "namespaces"): {"get"},  # is a job's namespace being deleted?
+    ("colocgrpo.io", "clustercolocgrporuntimes"): {"get", "list", "watch"},  # read-only, cluster-scoped
 }
 NAMESPACE_OBSERVATION = {("", "namespaces"): {"list", "watch"}}
+
+
+def _operator_binding(objects):
+    """The ClusterRoleBinding of the operator's ServiceAccount (not the runtime readers')."""
+    (binding,) = [b for b in by_kind(objects, "ClusterRoleBinding") if b["subjects"][0]["kind"] == "ServiceAccount"]
+    return binding
 
 
 def test_cluster_wide_rbac_is_exactly_the_needed_rules(render_chart):
     objects = render_chart()
     role = _operator_cluster_role(objects)
     assert _rules(role) == {**NAMESPACED_RULES, **CRD_DISCOVERY}
-    binding = one(objects, "ClusterRoleBinding")
+    binding = _operator_binding(objects)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -344,8 +350,8 @@ def test_rbac_off_renders_no_rbac(render_chart):
 def test_rbac_off_keeps_the_user_roles(render_chart):
     objects = render_chart("--set", "rbac.create=false")
     names = sorted(o["metadata"]["name"] for o in by_kind(objects, "ClusterRole"))
-    assert names == [f"{OPERATOR_ROLE}-editor", f"{OPERATOR_ROLE}-viewer"]
-    assert not by_kind(objects, "ClusterRoleBinding")
+    assert names == [f"{OPERATOR_ROLE}-{role}" for role in ("editor", "runtime-admin", "runtime-reader", "viewer")]
+    assert [o["metadata"]["name"] for o in by_kind(objects, "ClusterRoleBinding")] == [f"{OPERATOR_ROLE}-runtime-reader"]
 
 
 def test_user_roles_aggregate_into_edit_and_view(render_chart):
@@ -375,7 +381,28 @@ def test_user_roles_aggregate_into_edit_and_view(render_chart):
     assert _rules(viewer) == {
         ("colocgrpo.io", "colocgrpojobs"): {"get", "list", "watch"},
         ("colocgrpo.io", "colocgrpojobs/status"): {"get", "list", "watch"},
+        ("colocgrpo.io", "colocgrporuntimes"): {"get", "list", "watch"},  # (view aggregates into edit)
     }
+    # Runtimes belong to admins: a namespace's to its `admin`, the cluster's to cluster admins; everyone reads.
+    runtime_admin, reader = roles[f"{OPERATOR_ROLE}-runtime-admin"], roles[f"{OPERATOR_ROLE}-runtime-reader"]
+    assert runtime_admin["metadata"]["labels"][f"{aggregate}admin"] == "true"
+    assert _rules(runtime_admin) == {
+        ("colocgrpo.io", "colocgrporuntimes"): {
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        }
+    }
+    assert _rules(reader) == {("colocgrpo.io", "clustercolocgrporuntimes"): {"get", "list", "watch"}}
+    bindings = {o["metadata"]["name"]: o for o in by_kind(render_chart(), "ClusterRoleBinding")}
+    assert bindings[f"{OPERATOR_ROLE}-runtime-reader"]["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}
+    ]
     without = render_chart("--set", "rbac.userRoles=false")
     assert [o["metadata"]["name"] for o in by_kind(without, "ClusterRole")] == [OPERATOR_ROLE]
 
@@ -385,7 +412,7 @@ def test_existing_service_account(render_chart, helm):
     assert not by_kind(objects, "ServiceAccount")
     deployment, _ = _operator_container(objects)
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
-    assert one(objects, "ClusterRoleBinding")["subjects"][0]["name"] == "mine"
+    assert _operator_binding(objects)["subjects"][0]["name"] == "mine"
     failed = run_helm(helm, "template", "x", str(CHART), "--set", "serviceAccount.create=false", check=False)
     assert failed.returncode != 0 and "serviceAccount.name is required" in failed.stderr
 
@@ -469,9 +496,13 @@ def test_service_monitor_without_metrics_fails_clearly(helm):
 
 def test_crd_is_installed_from_crds_dir_and_can_be_skipped(render_chart):
     with_crds = render_chart("--include-crds")
-    (crd,) = by_kind(with_crds, "CustomResourceDefinition")
-    assert crd["metadata"]["name"] == "colocgrpojobs.colocgrpo.io"
-    assert crd["spec"]["names"]["shortNames"] == ["cgj"]
+    crds = {c["metadata"]["name"]: c for c in by_kind(with_crds, "CustomResourceDefinition")}
+    assert sorted(crds) == [
+        "clustercolocgrporuntimes.colocgrpo.io",
+        "colocgrpojobs.colocgrpo.io",
+        "colocgrporuntimes.colocgrpo.io",
+    ]
+    assert crds["colocgrpojobs.colocgrpo.io"]["spec"]["names"]["shortNames"] == ["cgj"]
     assert not by_kind(render_chart("--skip-crds"), "CustomResourceDefinition")
     assert not by_kind(render_chart(), "CustomResourceDefinition")  # templates never carry the CRD
 
@@ -665,3 +696,26 @@ def test_network_policy_without_namespaces_admits_nothing_and_pins_the_api_serve
     )["spec"]
     assert policy["ingress"] == []
     assert policy["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}, {"ipBlock": {"cidr": "10.0.0.2/32"}}]
+
+
+def test_a_default_runtime_from_values_is_one_the_api_reads(render_chart):
+    from colocgrpo_operator.api.runtime import parse_runtime
+
+    assert not by_kind(render_chart(), "ClusterColocGRPORuntime")  # off by default
+    objects = render_chart(
+        "--set",
+        "defaultRuntime.enabled=true",
+        "--set",
+        "defaultRuntime.name=h100",
+        "--set",
+        "defaultRuntime.template.image=registry.example/trainer:1",
+        "--set",
+        "defaultRuntime.template.scheduling.nodeSelector.gpu=h100",
+        "--set",
+        "defaultRuntime.lockedFields={image}",
+    )
+    runtime = parse_runtime(one(objects, "ClusterColocGRPORuntime"))
+    assert runtime.metadata.name == "h100"
+    assert runtime.spec.template.image == "registry.example/trainer:1"
+    assert runtime.spec.template.scheduling.node_selector == {"gpu": "h100"}
+    assert runtime.spec.locked_fields == ["image"]

@@ -1,6 +1,6 @@
-"""Install the ColocGRPOJob API into a cluster the way the chart does: the CRD, the policy that
-keeps each job's trainer to `status.progress` (api/admission.py) and the policies of Kueue's labels
-(api/queueing.py).
+"""Install the ColocGRPOJob API into a cluster the way the chart does: the CRDs (the job's and the
+runtimes'), the policy that keeps each job's trainer to `status.progress` (api/admission.py) and the
+policies of Kueue's labels (api/queueing.py).
 
 Used by `colocgrpo-dev cluster up`, the demo and the test fixtures; the chart ships the same
 objects (crds/, templates/trainer-status-policy.yaml).
@@ -17,6 +17,7 @@ import yaml
 from colocgrpo_operator.api.admission import trainer_status_policy
 from colocgrpo_operator.api.crd import generate_crd
 from colocgrpo_operator.api.queueing import queue_policies
+from colocgrpo_operator.api.runtime import generate_runtime_crds
 from colocgrpo_operator.api.naming import CRD_NAME
 
 
@@ -27,14 +28,16 @@ class Kubectl(Protocol):
 
 
 def install_api(kubectl: Kubectl, timeout_seconds: int = 60) -> None:
-    """Server-side apply the CRD and the admission policies; wait until the CRD is Established."""
-    documents = [generate_crd(), *trainer_status_policy(), *queue_policies()]
+    """Server-side apply the CRDs and the admission policies; wait until the CRDs are Established."""
+    runtimes = generate_runtime_crds()
+    documents = [generate_crd(), *runtimes, *trainer_status_policy(), *queue_policies()]
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(documents))
     # Polled rather than `kubectl wait --for=condition=Established`, which fails at once ("conditions accessor
     # error") when it reads the CRD before the API server has written any condition.
     deadline = time.monotonic() + timeout_seconds
     established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-    while kubectl("get", f"crd/{CRD_NAME}", "-o", established, check=False).stdout.strip() != "True":
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the CRD {CRD_NAME} was not Established within {timeout_seconds} s")
-        time.sleep(0.2)
+    for name in [CRD_NAME, *(crd["metadata"]["name"] for crd in runtimes)]:
+        while kubectl("get", f"crd/{name}", "-o", established, check=False).stdout.strip() != "True":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the CRD {name} was not Established within {timeout_seconds} s")
+            time.sleep(0.2)
