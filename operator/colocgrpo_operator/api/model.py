@@ -628,9 +628,10 @@ class RuntimeRef(_Spec):
     """The runtime a job takes its defaults from (api/runtime.py merges them)."""
 
     name: DnsName = Field(description="Name of the runtime.")
-    kind: RuntimeKind = Field(
-        default="ClusterColocGRPORuntime",
-        description="ClusterColocGRPORuntime (cluster-wide) or ColocGRPORuntime (of the job's namespace).",
+    kind: RuntimeKind | None = Field(
+        default=None,
+        description="ClusterColocGRPORuntime (cluster-wide; when left out) or ColocGRPORuntime (of the job's "
+        "namespace).",
     )
 
 
