@@ -64,6 +64,24 @@ def test_parsed_spec_builds_run_facts():
     assert parsed.plan_warning is None  # CPU job: no memory plan
 
 
+def test_parsed_spec_takes_the_queue_from_kueues_label_and_warns_of_the_field():
+    body = tiny()
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu"}
+    parsed = ParsedSpec(body)
+    assert (parsed.facts.queue_name, parsed.warnings) == ("gpu", [])
+    body["metadata"]["labels"] = {}
+    body["spec"]["scheduling"] = {"queueName": "q"}
+    assert [path for path, _ in ParsedSpec(body).warnings] == ["spec.scheduling.queueName"]
+
+
+def test_a_job_naming_a_runtime_is_refused_not_run_without_it():
+    body = tiny()
+    body["spec"]["runtimeRef"] = {"name": "h100"}
+    parsed = ParsedSpec(body)
+    assert parsed.facts is None
+    assert [path for path, _ in parsed.problems] == ["spec.runtimeRef"]
+
+
 def test_parsed_spec_ignores_status_garbage_but_names_spec_fields():
     body = tiny()
     body["status"] = {"phase": 17, "conditions": "nonsense"}

@@ -15,6 +15,10 @@ from colocgrpo_operator.api import KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL
 from colocgrpo_operator.api.queueing import job_queue, job_warnings
 from colocgrpo_operator.controller import status as derive
 
+RUNTIMES_NOT_RESOLVED = (
+    "this operator does not resolve runtimes yet: the job would run without its runtime's settings; "
+    "merge them offline (`colocgrpo render -f JOB --runtime RUNTIME`) and submit the merged job"
+)
 # Parsed specs kept before the cache starts over (one per job and generation in use).
 _CACHE_LIMIT = 4096
 
@@ -41,6 +45,10 @@ class ParsedSpec:
             self.problems = [("spec", f"could not be validated: {error}")]
             return
         spec = job.spec
+        if spec.runtime_ref is not None:
+            # Until the operator resolves runtimes, a job that names one is refused, never run without it.
+            self.problems = [("spec.runtimeRef", RUNTIMES_NOT_RESOLVED)]
+            return
         self.facts = derive.RunFacts(
             nodes=spec.resources.nodes,
             gpus_per_node=spec.resources.gpus_per_node,
