@@ -23,8 +23,15 @@ GPU_JOB = {"nodes": 1, "gpusPerNode": 8, "cpu": "1", "memory": "1Gi"}
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 
 
-def gpu_job(name, **scheduling):
-    return tiny_job(name, resources=GPU_JOB, scheduling={"queueName": "gpu", **scheduling})
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+def gpu_job(name, priority_class=None, **scheduling):
+    """A job of 8 GPUs for the LocalQueue `gpu`, named the way Kueue's users name it: a label on the job."""
+    body = tiny_job(name, resources=GPU_JOB, **({"scheduling": scheduling} if scheduling else {}))
+    body["metadata"]["labels"] = {QUEUE_LABEL: "gpu", **({PRIORITY_LABEL: priority_class} if priority_class else {})}
+    return body
 
 
 def status_of(cluster, ns, name):
@@ -235,7 +242,7 @@ def test_workload_priority_class_reaches_the_workload_and_orders_the_queue(
         wait_phase(cluster, operator, kueue, ns, "running", "Running")
         cluster.create_job(ns, gpu_job("early"))
         wait_phase(cluster, operator, kueue, ns, "early", "Queued", why="WaitingForQuota")
-        cluster.create_job(ns, gpu_job("urgent", workloadPriorityClassName=priority_class))
+        cluster.create_job(ns, gpu_job("urgent", priority_class=priority_class))
         wait_phase(cluster, operator, kueue, ns, "urgent", "Queued", why="WaitingForQuota")
 
         assert cluster.batch_jobs(ns, "urgent")[0]["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == (
@@ -298,7 +305,7 @@ def test_suspension_by_the_user_and_by_kueue_never_fight(cluster, kube_cluster, 
         ),
     )
     try:
-        cluster.create_job(ns, gpu_job("vip", workloadPriorityClassName=priority_class))
+        cluster.create_job(ns, gpu_job("vip", priority_class=priority_class))
         wait_phase(cluster, operator, kueue, ns, "vip", "Running")
         evicted = wait_phase(cluster, operator, kueue, ns, "victim", "Queued", why="Evicted")
         assert "evicted (Preempted)" in condition(evicted, "Queued")["message"]
@@ -385,3 +392,83 @@ def test_kueues_default_local_queue_takes_a_job_without_queue_name(
 
     finish(cluster, kube_cluster, operator, kueue, ns, "labelled")
     wait_phase(cluster, operator, kueue, ns, "unlabelled", "Running")
+
+
+def test_the_deprecated_queue_field_still_queues_and_is_warned_of_a_conflict_refused(
+    cluster, kube_cluster, operator, kueue, kueue_namespace
+):
+    """spec.scheduling.queueName is a deprecated alias of the label: the API server warns (the policy of
+    api/queueing.py), the operator posts a Warning Event, and the job queues like a labelled one. A label and
+    field that disagree are refused by the API server, naming both."""
+    ns = kueue_namespace
+    cluster.create_job(ns, gpu_job("holder"))
+    wait_phase(cluster, operator, kueue, ns, "holder", "Running")
+    old_style = tiny_job("old-style", resources=GPU_JOB, scheduling={"queueName": "gpu"})
+    applied = kube_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(old_style))
+    assert applied.stderr.startswith("Warning: "), applied.stderr
+    assert "spec.scheduling.queueName: deprecated: put the label kueue.x-k8s.io/queue-name" in applied.stderr
+    wait_phase(cluster, operator, kueue, ns, "old-style", "Queued", why="WaitingForQuota")
+    assert cluster.batch_jobs(ns, "old-style")[0]["metadata"]["labels"][QUEUE_LABEL] == "gpu"
+    warned = wait_for(
+        lambda: [
+            e
+            for e in cluster.events(ns)
+            if e["involvedObject"].get("kind") == "ColocGRPOJob"
+            and e["involvedObject"]["name"] == "old-style"
+            and e["reason"] == "DeprecatedField"
+        ],
+        60,
+        "the operator's DeprecatedField Event",
+    )
+    assert warned[0]["type"] == "Warning"
+    assert warned[0]["message"].startswith("spec.scheduling.queueName: deprecated")
+
+    conflicting = gpu_job("conflicting", queueName="other")
+    refused = kube_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(conflicting), check=False)
+    assert refused.returncode != 0
+    assert "the label kueue.x-k8s.io/queue-name and spec.scheduling.queueName name different values" in (
+        refused.stderr
+    ), refused.stderr
+    assert cluster.get_job(ns, "conflicting") is None
+
+
+def test_with_manage_jobs_without_queue_name_a_job_naming_no_queue_waits_and_says_why(
+    cluster, kube_cluster, operator, kueue, kueue_namespace
+):
+    """Kueue configured with manageJobsWithoutQueueName: true suspends every Job of the namespaces it manages,
+    queue name or not. The operator never fights it (no resume), and the job says what to do; a job with the
+    label runs as before. Last in this file: it restarts the session's Kueue with that setting, then without."""
+    ns = kueue_namespace
+    kueue.stop()
+    kueue.manage_jobs_without_queue_name = True
+    try:
+        kueue.start()
+        mark = operator.log_mark()
+        cluster.create_job(ns, tiny_job("nameless", resources=GPU_JOB))
+        queued = wait_phase(cluster, operator, kueue, ns, "nameless", "Queued", why="NoQueueName")
+        message = condition(queued, "Queued")["message"]
+        assert "manageJobsWithoutQueueName" in message and "kueue.x-k8s.io/queue-name=<LocalQueue>" in message
+        (job,) = cluster.batch_jobs(ns, "nameless")
+        assert job["spec"]["suspend"] is True
+        assert QUEUE_LABEL not in job["metadata"]["labels"]
+        # Kueue's own word once its Workload exists: the LocalQueue "" does not exist.
+        wait_for(
+            lambda: "doesn't exist" in condition(cluster.get_job(ns, "nameless"), "Queued")["message"],
+            60,
+            "Kueue's reason in the Queued condition",
+            on_timeout=lambda: json.dumps(workloads(cluster, ns)),
+        )
+
+        cluster.create_job(ns, gpu_job("named"))
+        wait_phase(cluster, operator, kueue, ns, "named", "Running")
+        # The operator never resumed the nameless one: Kueue suspended it at creation and it stayed so.
+        (job,) = cluster.batch_jobs(ns, "nameless")
+        assert job["spec"]["suspend"] is True
+        assert job["metadata"]["annotations"]["colocgrpo.io/suspend-requested"] == "false"
+        assert job_events(cluster, ns, "nameless", "Resumed") == []
+        assert cluster.pods(ns, "nameless") == []
+        assert not [line for line in operator.log_since(mark).splitlines() if "Traceback" in line]
+    finally:
+        kueue.stop()
+        kueue.manage_jobs_without_queue_name = False
+        kueue.start()

@@ -19,7 +19,8 @@ Service; here the API server reaches its webhooks on loopback instead:
   probes on a free loopback port; `/readyz` turns ready once the webhook server listens.
 - Only namespaces labelled `MANAGED_NAMESPACE_LABEL` are Kueue's (its managedJobsNamespaceSelector
   and the batch Job webhooks' namespaceSelector), so a shared test cluster's other Jobs never see
-  it; integrations: batch/job only; manageJobsWithoutQueueName: false.
+  it; integrations: batch/job only; manageJobsWithoutQueueName: false unless asked (then Kueue suspends
+  every Job of those namespaces, queue name or not).
 """
 
 from __future__ import annotations
@@ -187,7 +188,13 @@ def render_webhook_configurations(
     return configurations
 
 
-def render_config(webhook_port: int, health_port: int, cert_dir: Path, namespace_label: tuple[str, str] | None) -> str:
+def render_config(
+    webhook_port: int,
+    health_port: int,
+    cert_dir: Path,
+    namespace_label: tuple[str, str] | None,
+    manage_jobs_without_queue_name: bool = False,
+) -> str:
     config: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -201,7 +208,7 @@ def render_config(webhook_port: int, health_port: int, cert_dir: Path, namespace
             "webhookServiceName": WEBHOOK_SERVICE,
             "webhookSecretName": WEBHOOK_SECRET,
         },
-        "manageJobsWithoutQueueName": False,
+        "manageJobsWithoutQueueName": manage_jobs_without_queue_name,
         "integrations": {"frameworks": ["batch/job"]},
         # The on-demand visibility API server would bind :8082 on every interface.
         "featureGates": {"VisibilityOnDemand": False},
@@ -222,11 +229,14 @@ class LocalKueue:
         workdir: Path,
         pid_dir: Path | None = None,
         namespace_label: tuple[str, str] | None = MANAGED_NAMESPACE_LABEL,
+        manage_jobs_without_queue_name: bool = False,
     ):
         self.kubeconfig = Path(kubeconfig)
         self.workdir = Path(workdir)
         self.pid_dir = pid_dir  # a DevCluster's pids/ folder: its `down` then stops Kueue too
         self.namespace_label = namespace_label
+        # Read by `start`: a test may stop Kueue, change it and start it again.
+        self.manage_jobs_without_queue_name = manage_jobs_without_queue_name
         self.process: subprocess.Popen[bytes] | None = None
         self.health_port = 0
         self.webhook_port = 0
@@ -270,7 +280,11 @@ class LocalKueue:
         self._wait_discovered(crds, time.monotonic() + timeout)
 
         config = self.workdir / "config.yaml"
-        config.write_text(render_config(self.webhook_port, self.health_port, certs, self.namespace_label))
+        config.write_text(
+            render_config(
+                self.webhook_port, self.health_port, certs, self.namespace_label, self.manage_jobs_without_queue_name
+            )
+        )
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed right after
         self.process = subprocess.Popen(
             [str(build.binary), f"--config={config}", f"--kubeconfig={self.kubeconfig}", "--zap-log-level=2"],
