@@ -97,7 +97,9 @@ def test_the_jobs_own_fields_override_and_add_up():
 
 def test_a_value_equal_to_the_apis_default_is_a_field_left_out():
     # The API server fills in defaults (gpuMemoryUtilization 0.3): they never hide the runtime's value.
-    assert merged(job(vllm={"gpuMemoryUtilization": 0.3, "sleepPolicy": "auto"})).spec.vllm.gpu_memory_utilization == 0.5
+    assert (
+        merged(job(vllm={"gpuMemoryUtilization": 0.3, "sleepPolicy": "auto"})).spec.vllm.gpu_memory_utilization == 0.5
+    )
 
 
 def test_the_merged_spec_is_validated_as_a_whole():
@@ -109,7 +111,10 @@ def test_the_merged_spec_is_validated_as_a_whole():
 
 @pytest.mark.parametrize(
     ("spec", "path"),
-    [({"image": "mine:latest"}, "spec.image"), ({"scheduling": {"nodeSelector": {"gpu": "a100"}}}, "spec.scheduling.nodeSelector")],
+    [
+        ({"image": "mine:latest"}, "spec.image"),
+        ({"scheduling": {"nodeSelector": {"gpu": "a100"}}}, "spec.scheduling.nodeSelector"),
+    ],
 )
 def test_a_locked_field_is_refused_naming_it_and_the_runtime(spec, path):
     with pytest.raises(JobSpecError) as error:

@@ -351,7 +351,9 @@ def test_rbac_off_keeps_the_user_roles(render_chart):
     objects = render_chart("--set", "rbac.create=false")
     names = sorted(o["metadata"]["name"] for o in by_kind(objects, "ClusterRole"))
     assert names == [f"{OPERATOR_ROLE}-{role}" for role in ("editor", "runtime-admin", "runtime-reader", "viewer")]
-    assert [o["metadata"]["name"] for o in by_kind(objects, "ClusterRoleBinding")] == [f"{OPERATOR_ROLE}-runtime-reader"]
+    assert [o["metadata"]["name"] for o in by_kind(objects, "ClusterRoleBinding")] == [
+        f"{OPERATOR_ROLE}-runtime-reader"
+    ]
 
 
 def test_user_roles_aggregate_into_edit_and_view(render_chart):

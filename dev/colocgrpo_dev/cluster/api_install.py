@@ -16,9 +16,9 @@ import yaml
 
 from colocgrpo_operator.api.admission import trainer_status_policy
 from colocgrpo_operator.api.crd import generate_crd
+from colocgrpo_operator.api.naming import CRD_NAME
 from colocgrpo_operator.api.queueing import queue_policies
 from colocgrpo_operator.api.runtime import generate_runtime_crds
-from colocgrpo_operator.api.naming import CRD_NAME
 
 
 class Kubectl(Protocol):

@@ -30,24 +30,39 @@ ONLY_PROGRESS_CHANGES = (
 )
 
 
-def trainer_status_policy(name: str = TRAINER_STATUS_POLICY) -> list[dict[str, Any]]:
-    """The policy and its binding (both cluster-scoped, both called `name`)."""
+def policy_and_binding(
+    name: str, operations: list[str], resource: str, spec: dict[str, Any], action: str = "Deny"
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy over ColocGRPOJobs (`resource`: colocgrpojobs or a subresource of it) and its
+    binding, both cluster-scoped and called `name`; `spec` adds the policy's conditions, variables and
+    validations; `action` is the binding's (Deny refuses, Warn makes the API server warn)."""
+    match = {
+        "resourceRules": [
+            {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": operations, "resources": [resource]}
+        ]
+    }
     policy = {
         "apiVersion": ADMISSION_API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [GROUP],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": [f"{PLURAL}/status"],
-                    }
-                ]
-            },
+        "spec": {"failurePolicy": "Fail", "matchConstraints": match, **spec},
+    }
+    binding = {
+        "apiVersion": ADMISSION_API_VERSION,
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": [action]},
+    }
+    return [policy, binding]
+
+
+def trainer_status_policy(name: str = TRAINER_STATUS_POLICY) -> list[dict[str, Any]]:
+    """The policy and its binding (both cluster-scoped, both called `name`)."""
+    return policy_and_binding(
+        name,
+        ["UPDATE"],
+        f"{PLURAL}/status",
+        {
             "matchConditions": [{"name": "trainer-of-this-job", "expression": TRAINER_OF_THIS_JOB}],
             "variables": [
                 {"name": "new", "expression": "has(object.status) ? object.status : {}"},
@@ -64,11 +79,4 @@ def trainer_status_policy(name: str = TRAINER_STATUS_POLICY) -> list[dict[str, A
                 }
             ],
         },
-    }
-    binding = {
-        "apiVersion": ADMISSION_API_VERSION,
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
-    return [policy, binding]
+    )

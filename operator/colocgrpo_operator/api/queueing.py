@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from colocgrpo_operator.api.admission import policy_and_binding
 from colocgrpo_operator.api.model import ColocGRPOJob
-from colocgrpo_operator.api.naming import GROUP, KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL, PLURAL
+from colocgrpo_operator.api.naming import KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL, PLURAL
 
 # (label, the deprecated spec field of the same meaning: its path, and its key under spec.scheduling).
 QUEUE_SETTINGS = (
     (KUEUE_QUEUE_LABEL, "spec.scheduling.queueName", "queueName"),
     (KUEUE_PRIORITY_CLASS_LABEL, "spec.scheduling.workloadPriorityClassName", "workloadPriorityClassName"),
 )
-ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 # The policies (and bindings) below, named <prefix><suffix>: one refuses a conflict, one warns of a
 # deprecated field.
 QUEUE_CONFLICT_POLICY = "-kueue-labels"
@@ -120,39 +120,12 @@ def queue_policies(prefix: str = "colocgrpo") -> list[dict[str, Any]]:
                 "reason": "Invalid",
             }
         )
-        warnings.append({"expression": f"!({_scheduling_has(key)})", "message": f"{path}: {deprecation_message(label)}"})
-    objects: list[dict[str, Any]] = []
-    for name, validations, action in (
-        (prefix + QUEUE_CONFLICT_POLICY, conflicts, "Deny"),
-        (prefix + QUEUE_DEPRECATION_POLICY, warnings, "Warn"),
-    ):
-        objects.append(
-            {
-                "apiVersion": ADMISSION_API_VERSION,
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {
-                        "resourceRules": [
-                            {
-                                "apiGroups": [GROUP],
-                                "apiVersions": ["*"],
-                                "operations": ["CREATE", "UPDATE"],
-                                "resources": [PLURAL],
-                            }
-                        ]
-                    },
-                    "validations": validations,
-                },
-            }
+        warnings.append(
+            {"expression": f"!({_scheduling_has(key)})", "message": f"{path}: {deprecation_message(label)}"}
         )
-        objects.append(
-            {
-                "apiVersion": ADMISSION_API_VERSION,
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": name},
-                "spec": {"policyName": name, "validationActions": [action]},
-            }
-        )
-    return objects
+    return [
+        *policy_and_binding(prefix + QUEUE_CONFLICT_POLICY, ["CREATE", "UPDATE"], PLURAL, {"validations": conflicts}),
+        *policy_and_binding(
+            prefix + QUEUE_DEPRECATION_POLICY, ["CREATE", "UPDATE"], PLURAL, {"validations": warnings}, "Warn"
+        ),
+    ]

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from colocgrpo_operator.api.model import (
-    MAX_LIST_ITEMS,
     CLUSTER_RUNTIME_KIND,
+    MAX_LIST_ITEMS,
     RUNTIME_KIND,
     CacheSpec,
     DeepSpeedSpec,
@@ -141,7 +141,9 @@ def parse_runtime(obj: Any) -> ColocGRPORuntime:
 # ----------------------------------------------------------------------------- merging
 
 # Lists of named items: merged by name, the job's item replacing the runtime's of the same name.
-_NAMED_LISTS = frozenset({"podTemplate.env", "podTemplate.volumes", "podTemplate.volumeMounts", "podTemplate.imagePullSecrets"})
+_NAMED_LISTS = frozenset(
+    {"podTemplate.env", "podTemplate.volumes", "podTemplate.volumeMounts", "podTemplate.imagePullSecrets"}
+)
 # Lists that add up: the runtime's items, then the job's that are not among them.
 _ADDED_LISTS = frozenset({"scheduling.tolerations"})
 
@@ -194,9 +196,7 @@ def _merge(runtime: Any, job: Any, path: str) -> Any:
     return job if is_set(job, default) or runtime is None else runtime
 
 
-def locked_problems(
-    runtime: ColocGRPORuntimeSpec, job_spec: Mapping[str, Any], where: str
-) -> list[tuple[str, str]]:
+def locked_problems(runtime: ColocGRPORuntimeSpec, job_spec: Mapping[str, Any], where: str) -> list[tuple[str, str]]:
     """The locked fields the job sets to another value than the runtime's: (field path, message) pairs."""
     template = runtime.template.model_dump(mode="json", by_alias=True, exclude_unset=True)
     problems = []
@@ -223,7 +223,9 @@ def runtime_label(kind: str, name: str, namespace: str | None) -> str:
     return f"{kind} {name}" if kind == CLUSTER_RUNTIME_KIND else f"{kind} {namespace}/{name}"
 
 
-def resolve_job(job_obj: Mapping[str, Any], runtime_obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def resolve_job(
+    job_obj: Mapping[str, Any], runtime_obj: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The job as it runs with its runtime: (the job object with the merged spec, problems).
 
     Problems are the runtime's own (a runtime that does not validate) and the locked fields the job

@@ -95,11 +95,10 @@ def _print_rich(plan: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colocgrpo_operator.render.plan_request import plan_job
-    from colocgrpo_training.planner import PlanInputError
-
     from colocgrpo_operator.api import JobSpecError
     from colocgrpo_operator.api.runtime import runtimes_by_key, with_runtime
+    from colocgrpo_operator.render.plan_request import plan_job
+    from colocgrpo_training.planner import PlanInputError
 
     runtimes, unreadable = load_runtimes(args)
     try:

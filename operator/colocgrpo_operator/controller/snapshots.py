@@ -24,9 +24,9 @@ from colocgrpo_operator.api.naming import (
     COMPLETION_INDEX_KEY,
     GPU_MEMORY_ANNOTATION,
     KUEUE_QUEUE_LABEL,
-    SUSPEND_REQUESTED_ANNOTATION,
     OPERATOR_ANNOTATION_PREFIX,
     RECORD_ANNOTATION,
+    SUSPEND_REQUESTED_ANNOTATION,
 )
 
 Key = tuple[str, str]  # (namespace, name): a job's key in every index
