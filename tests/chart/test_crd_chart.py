@@ -21,6 +21,7 @@ pytestmark = pytest.mark.cluster
 
 CRD_CHART = REPO / "charts" / "colocgrpo-crds"
 CRD_FILE_NAME = "colocgrpojobs.colocgrpo.io.yaml"
+RUNTIMES_FILE_NAME = "runtimes.colocgrpo.io.yaml"
 TEST_GROUP = "upgrade-test.colocgrpo.io"
 TEST_CRD = f"colocgrpojobs.{TEST_GROUP}"
 
@@ -52,6 +53,8 @@ def _retarget(path: Path, *, new_field: bool = False, version: str | None = None
 def _crd_chart(tmp_path: Path, version: str = "0.1.0", *, new_field: bool = False) -> Path:
     chart = tmp_path / f"colocgrpo-crds-{version}"
     shutil.copytree(CRD_CHART, chart)
+    # The lifecycle is the job CRD's; the runtime CRDs the session installed are not this release's to take over.
+    (chart / "templates" / RUNTIMES_FILE_NAME).unlink()
     _retarget(chart / "templates" / CRD_FILE_NAME, new_field=new_field, version=version)
     return chart
 
@@ -172,14 +175,19 @@ def test_helm_upgrade_applies_the_next_crd_and_uninstall_keeps_it(lifecycle, tmp
     assert sorted(n.rsplit("/", 1)[1] for n in names) == ["late", "old"]
 
 
-def test_crd_chart_renders_the_generated_crd_kept_on_uninstall(helm):
+def test_crd_chart_renders_the_generated_crds_kept_on_uninstall(helm):
     from colocgrpo_operator.api.crd import generate_crd
+    from colocgrpo_operator.api.runtime import generate_runtime_crds
 
     rendered = [doc for doc in yaml.safe_load_all(run_helm(helm, "template", "crds", str(CRD_CHART)).stdout) if doc]
-    assert len(rendered) == 1
-    (crd,) = rendered
-    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
-    assert crd == generate_crd()
+    assert len(rendered) == 3
+    for crd in rendered:
+        assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    by_name = {crd["metadata"]["name"]: crd for crd in rendered}
+    assert sorted(by_name) == sorted(c["metadata"]["name"] for c in [generate_crd(), *generate_runtime_crds()])
+    assert by_name["colocgrpojobs.colocgrpo.io"] == generate_crd()
+    for runtime_crd in generate_runtime_crds():
+        assert by_name[runtime_crd["metadata"]["name"]] == runtime_crd
     refused = run_helm(helm, "template", "crds", str(CRD_CHART), "--set", "keep=false", check=False)
     assert refused.returncode != 0 and "additional properties 'keep' not allowed" in refused.stderr
     lint = run_helm(helm, "lint", "--strict", str(CRD_CHART))
