@@ -18,7 +18,9 @@ from urllib.parse import urlencode
 import urllib3
 
 from colocgrpo_operator.api import GROUP, KIND, PLURAL, VERSION
+from colocgrpo_operator.api.model import CLUSTER_RUNTIME_KIND, RUNTIME_KIND
 from colocgrpo_operator.api.naming import SUSPEND_REQUESTED_ANNOTATION
+from colocgrpo_operator.api.runtime import CLUSTER_RUNTIME_PLURAL, RUNTIME_PLURAL
 from colocgrpo_operator.kube.credentials import Credentials, load_credentials
 from colocgrpo_operator.metrics import API_REQUESTS, API_RETRIES
 
@@ -33,7 +35,11 @@ _KIND_PATHS = {
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
     KIND: (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    RUNTIME_KIND: (f"/apis/{GROUP}/{VERSION}", RUNTIME_PLURAL),
+    CLUSTER_RUNTIME_KIND: (f"/apis/{GROUP}/{VERSION}", CLUSTER_RUNTIME_PLURAL),
 }
+# Kinds without a namespace: their paths leave it out.
+_CLUSTER_SCOPED = frozenset({CLUSTER_RUNTIME_KIND})
 
 
 # How long one call keeps retrying 429s, and the backoff between them: the first waits for the
@@ -55,9 +61,10 @@ def retry_delay(retry_after: str | None, attempt: int) -> float:
 
 
 def object_path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-    """The API path of a namespaced object of `kind` (its collection when `name` is None)."""
+    """The API path of an object of `kind` (its collection when `name` is None); `namespace` is
+    ignored for a cluster-scoped kind."""
     prefix, plural = _KIND_PATHS[kind]
-    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    path = f"{prefix}/{plural}" if kind in _CLUSTER_SCOPED else f"{prefix}/namespaces/{namespace}/{plural}"
     if name:
         path = f"{path}/{name}"
     return f"{path}/{subresource}" if subresource else path
