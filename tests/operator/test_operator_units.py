@@ -7,7 +7,7 @@ import concurrent.futures
 import copy
 import logging
 import threading
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -74,12 +74,58 @@ def test_parsed_spec_takes_the_queue_from_kueues_label_and_warns_of_the_field():
     assert [path for path, _ in ParsedSpec(body).warnings] == ["spec.scheduling.queueName"]
 
 
-def test_a_job_naming_a_runtime_is_refused_not_run_without_it():
+def _runtime_snapshot(spec, generation=1):
+    from colocgrpo_operator.controller.record import RuntimeSnapshot
+
+    meta = {"name": "rt", "uid": "u1", "generation": generation}
+    return RuntimeSnapshot.of({"kind": "ClusterColocGRPORuntime", "metadata": meta, "spec": spec})
+
+
+def test_parsed_spec_merges_the_job_with_its_runtime_snapshot():
     body = tiny()
-    body["spec"]["runtimeRef"] = {"name": "h100"}
-    parsed = ParsedSpec(body)
+    body["spec"].update(runtimeRef={"name": "rt"}, checkpoint={"resume": "never"})
+    runtime = _runtime_snapshot(
+        {
+            "template": {
+                "image": "rt:1",
+                "resources": {"nodes": 2},
+                "runPolicy": {"maxRestarts": 7, "activeDeadlineSeconds": 900},
+            }
+        }
+    )
+    body["spec"]["runPolicy"] = {"maxRestarts": 2}
+    parsed = ParsedSpec(body, runtime)
+    assert parsed.problems == []
+    # The runtime's defaults fill in; the job's own value wins.
+    assert (parsed.facts.nodes, parsed.facts.active_deadline_seconds, parsed.facts.max_restarts) == (2, 900, 2)
+    assert parsed.job_model(body).spec.image == "rt:1"
+
+
+def test_parsed_spec_refuses_a_locked_field_the_job_overrides():
+    body = tiny()
+    body["spec"].update(runtimeRef={"name": "rt"}, image="mine:1")
+    parsed = ParsedSpec(body, _runtime_snapshot({"template": {"image": "rt:1"}, "lockedFields": ["image"]}))
     assert parsed.facts is None
-    assert [path for path, _ in parsed.problems] == ["spec.runtimeRef"]
+    assert [path for path, _ in parsed.problems] == ["spec.image"]
+    assert "ClusterColocGRPORuntime rt" in parsed.problems[0][1]
+
+
+def test_the_record_keeps_the_runtime_snapshot_and_the_status_shows_it():
+    from colocgrpo_operator.controller.record import Record
+    from colocgrpo_operator.controller.status import invalid_spec_status
+
+    record = Record(restarts=1, runtime=_runtime_snapshot({"template": {"image": "rt:1"}}, generation=3))
+    again = Record.decode(record.encode())
+    assert again == record
+    assert again.runtime.same_object(record.runtime)
+    assert not again.runtime.same_object(_runtime_snapshot({}, generation=4))
+    status = invalid_spec_status(again, None, [("spec.x", "bad")], datetime.now(UTC), 1)
+    assert status["runtime"] == {"kind": "ClusterColocGRPORuntime", "name": "rt", "generation": 3}
+    # A job waiting for its runtime is no outcome to take over from the status: it starts once it exists.
+    waiting = invalid_spec_status(
+        Record(), None, [("spec.runtimeRef", "gone")], datetime.now(UTC), 1, "RuntimeNotFound"
+    )
+    assert waiting["phase"] == "Failed" and Record.from_status(waiting).outcome is None
 
 
 def test_parsed_spec_ignores_status_garbage_but_names_spec_fields():

@@ -26,12 +26,13 @@ from typing import Any
 
 from colocgrpo_operator.api import KIND
 from colocgrpo_operator.api.naming import JOB_NAME_LABEL, RECORD_ANNOTATION
+from colocgrpo_operator.api.runtime import job_runtime_ref, runtime_label
 from colocgrpo_operator.controller import status as derive
 from colocgrpo_operator.controller.conditions import condition_of, set_condition
 from colocgrpo_operator.controller.ledger import Current, WriteLedger
 from colocgrpo_operator.controller.objects import owned_by
 from colocgrpo_operator.controller.progress_clock import StepClock
-from colocgrpo_operator.controller.record import Record, RecordExtras
+from colocgrpo_operator.controller.record import Record, RecordExtras, RuntimeSnapshot
 from colocgrpo_operator.controller.scheduling import PredecessorPending, ReconcileScheduler, Request
 from colocgrpo_operator.controller.snapshots import Inputs, Key, batch_job_snapshot
 from colocgrpo_operator.controller.specs import ParsedSpec, SpecCache
@@ -43,6 +44,8 @@ from colocgrpo_operator.metrics import GANG_RESTARTS, PROGRESS_DEADLINES, PhaseB
 _WARNING_PHASES = frozenset({derive.RESTARTING, derive.FAILED})
 # (condition, reason) worth a Warning event of their own when it appears, whatever the phase does.
 _WARNING_CONDITIONS = (("Running", derive.POD_CREATION_FAILED), ("Progressing", derive.PROGRESS_DEADLINE_EXCEEDED))
+# The Event a gang (re)started from another generation of its runtime than the last one is announced by.
+RUNTIME_UPDATED = "RuntimeUpdated"
 # Every kind of child the operator may render besides the batch Job (render/), each labelled
 # with the job's name and named after it.
 _CHILD_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding")
@@ -57,33 +60,43 @@ Adopt = Callable[[list[dict[str, Any]], Mapping[str, Any]], None]
 
 
 class FirstRecord:
-    """The record one reconcile decides with, and the write of the job's first one.
+    """The record one reconcile decides with, and the write of the job's first one (or of the
+    runtime snapshot a new gang is made from).
 
     Every job gets its record before its first batch Job, so no trainer runs without one
     (record.py); a job an earlier operator started has its record in the status. A job without one
     yet has it written together with its other children (one round trip less before the Job), and
     in any case before the Job is created or anything else is done: `write` may be called at each
-    of those points, and writes once.
+    of those points, and writes once. The same holds for the runtime snapshot of a gang about to
+    be (re)created: it is in the record before the Job is.
 
     Args:
         current: what the reconcile takes to be in place; a write of the record updates it.
         write: patches a record onto the job (and updates `current`).
+        runtime: the runtime snapshot this reconcile merges the job with (None: it names none).
     """
 
-    def __init__(self, current: Current, write: Callable[[Record], Awaitable[None]]):
+    def __init__(
+        self,
+        current: Current,
+        write: Callable[[Record], Awaitable[None]],
+        runtime: RuntimeSnapshot | None = None,
+    ):
         self._current = current
         self._write = write
+        self._runtime = runtime
         status = current.status
         self._first = Record.from_status(status) if current.record is None and status.get("phase") else Record()
 
     def record(self) -> Record:
-        """The job's record, or the first one it is about to get."""
-        return self._current.record if self._current.record is not None else self._first
+        """The job's record, or the first one it is about to get, with this reconcile's runtime."""
+        base = self._current.record if self._current.record is not None else self._first
+        return base if base.runtime == self._runtime else dataclasses.replace(base, runtime=self._runtime)
 
     async def write(self) -> None:
-        """Write the first record, unless the job has one by now."""
-        if self._current.record is None:
-            await self._write(self._first)
+        """Write the first record, or the new runtime snapshot, unless the job has it by now."""
+        if self._current.record is None or self._current.record.runtime != self._runtime:
+            await self._write(self.record())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +240,19 @@ class Reconciler:
             return  # garbage collection removes the children; nothing to decide
         now = datetime.now(UTC)
         current = self.ledger.current(key, cr)
-        parsed = self.specs.parsed(cr)
+        runtime, missing = await self._runtime_of(key, cr, job, current)
+        if missing is not None:
+            desired = derive.invalid_spec_status(
+                current.record_or_empty(),
+                current.status,
+                [missing],
+                now,
+                meta.get("generation"),
+                reason=derive.RUNTIME_NOT_FOUND,
+            )
+            await self._write_status(key, cr, current, desired)
+            return
+        parsed = self.specs.parsed(cr, runtime)
         if parsed.warnings and not parsed.warned:
             # Once per parse (per generation), not per reconcile: a deprecated field, say.
             parsed.warned = True
@@ -263,7 +288,7 @@ class Reconciler:
             generation=meta.get("generation"),
         )
         first = FirstRecord(
-            current, functools.partial(self._write_record, key, cr, current, extras=request.record_extras)
+            current, functools.partial(self._write_record, key, cr, current, extras=request.record_extras), runtime
         )
         assessment, desired = evidence.decide(job, first.record())
         if assessment.check_pod_creation and job_uid is not None:
@@ -304,6 +329,43 @@ class Reconciler:
             self.schedule.wake_up()
         if not creating:  # (a Job just created has nothing more to be done to it)
             await self._act_on_job(key, job, assessment)
+
+    async def _runtime_of(
+        self, key: Key, cr: dict[str, Any], job: dict[str, Any] | None, current: Current
+    ) -> tuple[RuntimeSnapshot | None, tuple[str, str] | None]:
+        """The runtime snapshot the job is merged with, or the problem of a runtime that is not
+        there: (None, None) for a job that names none.
+
+        While a gang of the job exists (or once the job has finished), the snapshot in its record:
+        editing a runtime never changes a running gang. Before a gang is (re)created, the runtime
+        as it is now, read from the API server (one GET); a generation other than the recorded
+        one is announced with a `RuntimeUpdated` Event, and goes into the record before the new
+        gang's Job is created (`FirstRecord`)."""
+        ref = job_runtime_ref(cr)
+        if ref is None:
+            return None, None
+        kind, name = ref
+        meta = cr.get("metadata") or {}
+        record = current.record
+        recorded = record.runtime if record is not None else None
+        kept = recorded is not None and (recorded.kind, recorded.name) == ref
+        gang = job is not None and owned_by(job, meta.get("uid"))
+        if recorded is not None and kept and (gang or (record is not None and record.finished)):
+            return recorded, None
+        where = runtime_label(kind, name, key[0])
+        found = await self._blocking(self.kube.get, kind, key[0], name)
+        if found is None:
+            return None, ("spec.runtimeRef", f"{where} not found; the job starts once it exists")
+        runtime = RuntimeSnapshot.of(found)
+        if recorded is not None and kept and not runtime.same_object(recorded):
+            self.post_event(
+                cr,
+                "Normal",
+                RUNTIME_UPDATED,
+                f"the next gang is made from {where} generation {runtime.generation} "
+                f"(the last one from generation {recorded.generation})",
+            )
+        return runtime, None
 
     async def _namespace_going(
         self, key: Key, evidence: _Evidence, assessment: derive.Assessment, desired: dict[str, Any]

@@ -1,7 +1,9 @@
 """The operator's own record of a job: what it cannot see in the children any more.
 
 Restarts, disruptions, the last failure (with the uid of the Job it ended, so no failure is
-counted twice), when the gang first started, and the job's final outcome. The status shows
+counted twice), when the gang first started, the job's final outcome, and the runtime its current
+gang was made from (its spec as it was then: a runtime edited later reaches the job only at its
+next gang restart). The status shows
 these, but the status is not where they are kept: each job's trainer may patch the job's status
 subresource, and a forged `phase`, `restarts` or `startTime` read back from there would freeze
 the job, get around runPolicy.maxRestarts or the active deadline, or let the TTL delete a
@@ -41,6 +43,57 @@ class Outcome:
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimeSnapshot:
+    """The (Cluster)ColocGRPORuntime a job's gang was made from, as it was then: which object
+    (kind, name, uid, generation) and its spec, which the job's spec is merged with for as long
+    as that gang runs."""
+
+    kind: str
+    name: str
+    uid: str | None
+    generation: int | None
+    spec: dict[str, Any]
+
+    @classmethod
+    def of(cls, runtime_obj: Mapping[str, Any]) -> RuntimeSnapshot:
+        """The snapshot of a runtime object as the API server returned it."""
+        meta = runtime_obj.get("metadata") or {}
+        return cls(
+            kind=str(runtime_obj.get("kind") or ""),
+            name=str(meta.get("name") or ""),
+            uid=_text(meta.get("uid")),
+            generation=_count(meta.get("generation")) or None,
+            spec=dict(runtime_obj.get("spec") or {}),
+        )
+
+    def same_object(self, other: RuntimeSnapshot | None) -> bool:
+        """Whether `other` is this very runtime at this very generation."""
+        return other is not None and (self.kind, self.name, self.uid, self.generation) == (
+            other.kind,
+            other.name,
+            other.uid,
+            other.generation,
+        )
+
+    def as_object(self, namespace: str | None) -> dict[str, Any]:
+        """The runtime object again, for the merge (api/runtime.py, `resolve_job`)."""
+        meta: dict[str, Any] = {"name": self.name, "uid": self.uid, "generation": self.generation}
+        if namespace is not None:
+            meta["namespace"] = namespace
+        return {"kind": self.kind, "metadata": meta, "spec": self.spec}
+
+    def status(self) -> dict[str, Any]:
+        """status.runtime: kind, name and generation."""
+        shown: dict[str, Any] = {"kind": self.kind, "name": self.name}
+        if self.generation is not None:
+            shown["generation"] = self.generation
+        return shown
+
+    def encode(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
 class Record:
     restarts: int = 0
     disruptions: int = 0
@@ -48,6 +101,7 @@ class Record:
     completion_time: str | None = None
     last_failure: dict[str, Any] | None = None
     outcome: Outcome | None = None
+    runtime: RuntimeSnapshot | None = None
 
     @property
     def finished(self) -> bool:
@@ -70,6 +124,8 @@ class Record:
                 "runningReason": self.outcome.running_reason,
                 "runningMessage": self.outcome.running_message,
             }
+        if self.runtime is not None:
+            data["runtime"] = self.runtime.encode()
         return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
     @classmethod
@@ -89,6 +145,7 @@ class Record:
             completion_time=_text(data.get("completionTime")),
             last_failure=_failure(data.get("lastFailure")),
             outcome=_outcome(data.get("outcome")),
+            runtime=_runtime(data.get("runtime")),
         )
 
     @classmethod
@@ -98,7 +155,9 @@ class Record:
         phase = status.get("phase")
         conditions = [c for c in _list(status.get("conditions")) if isinstance(c, dict)]
         by_type = {c.get("type"): c for c in conditions}
-        spec_invalid = (by_type.get("SpecValid") or {}).get("reason") == "InvalidSpec"
+        # A refused spec (InvalidSpec, or RuntimeNotFound) is not an outcome: fixing it revives the job.
+        spec_valid = by_type.get("SpecValid") or {}
+        spec_invalid = spec_valid.get("status") == "False" or spec_valid.get("reason") == "InvalidSpec"
         if phase in _FINAL_PHASES and not spec_invalid:
             final = by_type.get(phase) or {}
             running = by_type.get("Running") or {}
@@ -151,6 +210,19 @@ def _failure(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
     return {k: value[k] for k in _FAILURE_KEYS if value.get(k) is not None}
+
+
+def _runtime(value: Any) -> RuntimeSnapshot | None:
+    if not isinstance(value, dict) or not _text(value.get("kind")) or not _text(value.get("name")):
+        return None
+    spec = value.get("spec")
+    return RuntimeSnapshot(
+        kind=value["kind"],
+        name=value["name"],
+        uid=_text(value.get("uid")),
+        generation=_count(value.get("generation")) or None,
+        spec=spec if isinstance(spec, dict) else {},
+    )
 
 
 def _outcome(value: Any) -> Outcome | None:

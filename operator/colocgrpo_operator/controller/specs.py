@@ -13,22 +13,23 @@ from typing import Any
 
 from colocgrpo_operator.api import KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL, JobSpecError, parse_job
 from colocgrpo_operator.api.queueing import job_queue, job_warnings
+from colocgrpo_operator.api.runtime import resolve_job
 from colocgrpo_operator.controller import status as derive
+from colocgrpo_operator.controller.record import RuntimeSnapshot
 
-RUNTIMES_NOT_RESOLVED = (
-    "this operator does not resolve runtimes yet: the job would run without its runtime's settings; "
-    "merge them offline (`colocgrpo render -f JOB --runtime RUNTIME`) and submit the merged job"
-)
 # Parsed specs kept before the cache starts over (one per job and generation in use).
 _CACHE_LIMIT = 4096
 
 
 class ParsedSpec:
-    """One generation of a job's spec, parsed: the run facts and the plan warning of a valid spec
-    (`facts` is None exactly when it is invalid), or the problems that refuse it; `warnings`, what a
-    valid spec should change (a deprecated field), announced once (`warned`)."""
+    """One generation of a job's spec, merged with the runtime it names (`runtime`, the snapshot the
+    gang runs with; None for a job that names none) and parsed: the run facts and the plan warning
+    of a valid spec (`facts` is None exactly when it is invalid), or the problems that refuse it
+    (a locked field the job overrides among them); `warnings`, what a valid spec should change (a
+    deprecated field), announced once (`warned`)."""
 
-    def __init__(self, cr: dict[str, Any]):
+    def __init__(self, cr: dict[str, Any], runtime: RuntimeSnapshot | None = None):
+        self.runtime = runtime
         self.valid = False
         self.problems: list[tuple[str, str]] = []
         self.warnings: list[tuple[str, str]] = []
@@ -37,7 +38,8 @@ class ParsedSpec:
         self.plan_warning: tuple[bool, str, str] | None = None
         meta = cr.get("metadata") or {}
         try:
-            job = _parse_user_spec(cr)
+            merged = self.merged(cr)
+            job = _parse_user_spec(merged)
         except JobSpecError as error:
             self.problems = list(error.errors) or [("spec", str(error))]
             return
@@ -45,10 +47,6 @@ class ParsedSpec:
             self.problems = [("spec", f"could not be validated: {error}")]
             return
         spec = job.spec
-        if spec.runtime_ref is not None:
-            # Until the operator resolves runtimes, a job that names one is refused, never run without it.
-            self.problems = [("spec.runtimeRef", RUNTIMES_NOT_RESOLVED)]
-            return
         self.facts = derive.RunFacts(
             nodes=spec.resources.nodes,
             gpus_per_node=spec.resources.gpus_per_node,
@@ -60,26 +58,38 @@ class ParsedSpec:
             generation=meta.get("generation"),
             progress_deadline_seconds=spec.run_policy.progress_deadline_seconds,
         )
-        self.plan_warning = _plan_warning(cr) if spec.resources.gpus_per_node > 0 else None
+        self.plan_warning = _plan_warning(merged) if spec.resources.gpus_per_node > 0 else None
         self.warnings = job_warnings(job)
         self.valid = True
 
+    def merged(self, cr: dict[str, Any]) -> dict[str, Any]:
+        """The job as it runs: its spec over the runtime's template (api/runtime.py). Raises
+        JobSpecError naming each locked field the job overrides, or a runtime that is invalid."""
+        if self.runtime is None:
+            return cr
+        namespace = (cr.get("metadata") or {}).get("namespace")
+        merged, problems = resolve_job(cr, self.runtime.as_object(namespace))
+        if problems:
+            raise JobSpecError(problems)
+        return merged
+
     def job_model(self, cr: dict[str, Any]) -> Any:
-        """The typed job (only for a valid spec), parsed again: the caller holds it as long as it
-        needs it."""
-        return _parse_user_spec(cr)
+        """The typed job as it runs (only for a valid spec), merged and parsed again: the caller
+        holds it as long as it needs it."""
+        return _parse_user_spec(self.merged(cr))
 
 
 class SpecCache:
-    """Every job's `ParsedSpec`, by (uid, generation, Kueue's labels): a spec is parsed once, however
-    many reconciles read it. (A label change does not move the generation, and Kueue's two say where
-    the job queues.)"""
+    """Every job's `ParsedSpec`, by (uid, generation, Kueue's labels, the runtime snapshot's identity):
+    a spec is parsed once, however many reconciles read it. (A label change does not move the
+    generation, and Kueue's two say where the job queues; a runtime's uid and generation say which
+    of its specs the job is merged with.)"""
 
     def __init__(self) -> None:
-        self._specs: dict[tuple[str, Any, Any, Any], ParsedSpec] = {}
+        self._specs: dict[tuple[Any, ...], ParsedSpec] = {}
 
-    def parsed(self, cr: dict[str, Any]) -> ParsedSpec:
-        """The job's spec parsed once per (uid, generation, Kueue's labels), cached."""
+    def parsed(self, cr: dict[str, Any], runtime: RuntimeSnapshot | None = None) -> ParsedSpec:
+        """The job's spec, merged with `runtime`, parsed once per cache key, cached."""
         meta = cr.get("metadata") or {}
         labels = meta.get("labels") or {}
         cache_key = (
@@ -87,12 +97,13 @@ class SpecCache:
             meta.get("generation"),
             labels.get(KUEUE_QUEUE_LABEL),
             labels.get(KUEUE_PRIORITY_CLASS_LABEL),
+            None if runtime is None else (runtime.kind, runtime.name, runtime.uid, runtime.generation),
         )
         parsed = self._specs.get(cache_key)
         if parsed is None:
             if len(self._specs) > _CACHE_LIMIT:
                 self._specs.clear()
-            parsed = self._specs[cache_key] = ParsedSpec(cr)
+            parsed = self._specs[cache_key] = ParsedSpec(cr, runtime)
         return parsed
 
 

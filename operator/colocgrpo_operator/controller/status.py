@@ -39,7 +39,7 @@ from colocgrpo_operator.controller.objects import (
     pods_of_job,
     truncate,
 )
-from colocgrpo_operator.controller.record import Outcome, Record
+from colocgrpo_operator.controller.record import Outcome, Record, RuntimeSnapshot
 from colocgrpo_operator.controller.workers import has_exited_cleanly, is_fully_running, waiting_reason, workers_of
 
 # Phases as plain strings (the API enum's values), so they compare, hash and format exactly
@@ -67,6 +67,9 @@ POD_CREATION_GRACE_SECONDS = 5
 POD_CREATION_FAILED = "PodCreationFailed"
 # The Progressing condition's reason (and the failure's) when a running gang's step stopped moving.
 PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+# The reason of SpecValid=False: a spec the operator refuses, or one naming a runtime that is not there.
+INVALID_SPEC = "InvalidSpec"
+RUNTIME_NOT_FOUND = "RuntimeNotFound"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,17 +121,20 @@ def invalid_spec_status(
     problems: list[tuple[str, str]],
     now: datetime,
     generation: int | None,
+    reason: str = INVALID_SPEC,
 ) -> dict[str, Any]:
-    """Status of a job whose spec the operator refuses: Failed/InvalidSpec, naming each field.
+    """Status of a job whose spec the operator refuses: Failed/InvalidSpec (or `reason`:
+    RuntimeNotFound while the runtime its spec names does not exist), naming each field.
 
-    Not final: fixing the spec revives the job, so nothing of it goes into the record."""
+    Not final: fixing the spec (or creating the runtime) revives the job, so nothing of it goes
+    into the record."""
     message = "; ".join(f"{path}: {text}" for path, text in problems) or "the spec is invalid"
     conditions = previous_conditions(previous, now)
-    conditions = set_condition(conditions, "SpecValid", False, "InvalidSpec", message, now, generation)
+    conditions = set_condition(conditions, "SpecValid", False, reason, message, now, generation)
     conditions = set_condition(
-        conditions, "Running", False, "InvalidSpec", "no pods are created for an invalid spec", now, generation
+        conditions, "Running", False, reason, "no pods are created for an invalid spec", now, generation
     )
-    conditions = set_condition(conditions, "Failed", True, "InvalidSpec", message, now, generation)
+    conditions = set_condition(conditions, "Failed", True, reason, message, now, generation)
     status = _recorded(record)
     # No pods exist for an invalid spec: zero workers, so `kubectl get cgj` shows GPUs 0, not blank.
     status.update(
@@ -165,6 +171,7 @@ def _recorded(record: Record) -> dict[str, Any]:
         "startTime": record.start_time,
         "completionTime": record.completion_time,
         "lastFailure": record.last_failure,
+        "runtime": record.runtime.status() if record.runtime is not None else None,
     }
 
 
@@ -187,6 +194,7 @@ class _StatusBuilder:
     rank0_pod: str | None
     start_time: str | None
     completion_time: str | None
+    runtime: RuntimeSnapshot | None = None
     action: Action = Action.NONE
     failure: Failure | None = None
     check_pod_creation: bool = False
@@ -218,6 +226,7 @@ class _StatusBuilder:
             rank0_pod=dig(rank0, "metadata", "name"),
             start_time=record.start_time,
             completion_time=record.completion_time,
+            runtime=record.runtime,
         )
 
     def _set(self, type_: str, state: ConditionState) -> None:
@@ -284,6 +293,7 @@ class _StatusBuilder:
             completion_time=self.completion_time,
             last_failure=self.last_failure,
             outcome=outcome,
+            runtime=self.runtime,
         )
         status = _recorded(record)
         status.update(
