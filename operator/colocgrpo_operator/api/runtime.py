@@ -122,7 +122,7 @@ class RuntimeSpecError(ValueError):
 
 def parse_runtime(obj: Any) -> ColocGRPORuntime:
     """Validate a (Cluster)ColocGRPORuntime given as a dict; raises RuntimeSpecError naming each bad field."""
-    from colocgrpo_operator.api.validation import _pydantic_problems
+    from colocgrpo_operator.api.validation import pydantic_problems
 
     if not isinstance(obj, dict):
         raise RuntimeSpecError([("", f"a runtime must be a mapping, got {type(obj).__name__}")])
@@ -132,7 +132,7 @@ def parse_runtime(obj: Any) -> ColocGRPORuntime:
     try:
         runtime = ColocGRPORuntime.model_validate(obj)
     except ValidationError as error:
-        raise RuntimeSpecError(problems + _pydantic_problems(error)) from None
+        raise RuntimeSpecError(problems + pydantic_problems(error)) from None
     if problems:
         raise RuntimeSpecError(problems)
     return runtime
@@ -258,16 +258,19 @@ def generate_runtime_crd(kind: str) -> dict[str, Any]:
 
     No defaults in the schema: a runtime sets only what its author wrote, so that a job's fields and the
     API's defaults fill in the rest (`merge_spec`)."""
-    from colocgrpo_operator.api.crd import model_schema
+    from colocgrpo_operator.api.crd import cel_rule, model_schema
     from colocgrpo_operator.api.naming import OPERATOR_NAME
-    from colocgrpo_operator.api.validation import TOLERATION_RULES
+    from colocgrpo_training.rules import RULES
 
     cluster = kind == CLUSTER_RUNTIME_KIND
     plural = CLUSTER_RUNTIME_PLURAL if cluster else RUNTIME_PLURAL
     spec_schema = model_schema(ColocGRPORuntimeSpec, keep_defaults=False)
     template = spec_schema["properties"]["template"]
     tolerations = template["properties"]["scheduling"]["properties"]["tolerations"]["items"]
-    tolerations["x-kubernetes-validations"] = [{"rule": rule, "message": message} for rule, message in TOLERATION_RULES]
+    # A toleration's rules, from the one table of cross-field rules, as on a job's tolerations.
+    tolerations["x-kubernetes-validations"] = [
+        cel_rule(rule) for rule in RULES if rule.scope == "scheduling.tolerations" and rule.cel is not None
+    ]
     scope = "every namespace's jobs" if cluster else "the jobs of its namespace"
     root = {
         "type": "object",
