@@ -387,6 +387,13 @@ def test_ttl_deadline_derives_from_the_recorded_completion_time():
     assert ttl_deadline(cr, Record(outcome=outcome), None) is None  # no completion time
     zero = {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}}}
     assert ttl_deadline(zero, done, None) is not None
+    # A job that leaves the TTL to its runtime gets the runtime's, as its last gang was merged with it.
+    import dataclasses
+
+    runtime = _runtime_snapshot({"template": {"runPolicy": {"ttlSecondsAfterFinished": 60}}})
+    merged = dataclasses.replace(done, runtime=runtime)
+    assert ttl_deadline(dict(cr, spec={}), merged, None) == datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    assert ttl_deadline(cr, merged, None) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)  # the job's own wins
 
 
 def test_planner_reads_the_gpu_memory_annotation_the_operator_keeps():

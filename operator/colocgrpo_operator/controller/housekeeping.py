@@ -32,11 +32,14 @@ from colocgrpo_operator.controller.snapshots import Inputs, Key, newest_view
 
 
 def ttl_deadline(cr: dict[str, Any] | None, record: Record | None, batch_job: dict[str, Any] | None) -> datetime | None:
-    """The record's completionTime + runPolicy.ttlSecondsAfterFinished of a job the operator
-    recorded as finished, once its batch Job (if it still has one) has finished too; else None."""
+    """The record's completionTime + runPolicy.ttlSecondsAfterFinished (the job's own, else its
+    runtime snapshot's) of a job the operator recorded as finished, once its batch Job (if it
+    still has one) has finished too; else None."""
     if not cr or record is None or record.outcome is None:
         return None
     ttl = ((cr.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    if ttl is None and record.runtime is not None:  # the runtime's, as the job's last gang was merged with it
+        ttl = ((record.runtime.spec.get("template") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
     finished = parse_time(record.completion_time)
     if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0 or finished is None:
         return None
