@@ -125,7 +125,9 @@ def test_the_record_keeps_the_runtime_snapshot_and_the_status_shows_it():
     waiting = invalid_spec_status(
         Record(), None, [("spec.runtimeRef", "gone")], datetime.now(UTC), 1, "RuntimeNotFound"
     )
-    assert waiting["phase"] == "Failed" and Record.from_status(waiting).outcome is None
+    assert waiting["phase"] == "Pending" and Record.from_status(waiting).outcome is None
+    failed = {c["type"]: c for c in waiting["conditions"]}["Failed"]
+    assert failed["status"] == "False" and failed["reason"] == "RuntimeNotFound"
 
 
 def test_parsed_spec_ignores_status_garbage_but_names_spec_fields():

@@ -136,6 +136,7 @@ def test_a_missing_runtime_is_named_and_the_job_starts_once_it_exists(cluster, o
     )
     spec_valid = condition(waiting, "SpecValid")
     assert spec_valid["reason"] == "RuntimeNotFound"
+    assert waiting["status"]["phase"] == "Pending" and condition(waiting, "Failed")["status"] == "False"
     assert spec_valid["message"].startswith(f"spec.runtimeRef: ColocGRPORuntime {ns}/later not found")
     assert cluster.batch_jobs(ns, name) == []
 

@@ -123,23 +123,34 @@ def invalid_spec_status(
     generation: int | None,
     reason: str = INVALID_SPEC,
 ) -> dict[str, Any]:
-    """Status of a job whose spec the operator refuses: Failed/InvalidSpec (or `reason`:
-    RuntimeNotFound while the runtime its spec names does not exist), naming each field.
+    """Status of a job whose spec the operator refuses: Failed/InvalidSpec, naming each field; or,
+    with `reason` RuntimeNotFound, Pending while the runtime its spec names does not exist (it is
+    waiting, not failed: `kubectl wait --for=condition=Failed` must not fire for it).
 
     Not final: fixing the spec (or creating the runtime) revives the job, so nothing of it goes
     into the record."""
     message = "; ".join(f"{path}: {text}" for path, text in problems) or "the spec is invalid"
+    waiting = reason == RUNTIME_NOT_FOUND
     conditions = previous_conditions(previous, now)
     conditions = set_condition(conditions, "SpecValid", False, reason, message, now, generation)
     conditions = set_condition(
-        conditions, "Running", False, reason, "no pods are created for an invalid spec", now, generation
+        conditions,
+        "Running",
+        False,
+        reason,
+        "no pods are created until the runtime exists" if waiting else "no pods are created for an invalid spec",
+        now,
+        generation,
     )
-    conditions = set_condition(conditions, "Failed", True, reason, message, now, generation)
+    if waiting:
+        conditions = set_condition(conditions, "Failed", False, reason, "waiting for the runtime", now, generation)
+    else:
+        conditions = set_condition(conditions, "Failed", True, reason, message, now, generation)
     status = _recorded(record)
     # No pods exist for an invalid spec: zero workers, so `kubectl get cgj` shows GPUs 0, not blank.
     status.update(
-        phase=FAILED,
-        message=truncate(f"invalid spec: {message}"),
+        phase=PENDING if waiting else FAILED,
+        message=truncate(f"waiting for its runtime: {message}" if waiting else f"invalid spec: {message}"),
         conditions=conditions,
         observedGeneration=generation,
         workers=workers_of([], 0),
