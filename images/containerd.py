@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -45,6 +46,15 @@ def archive_manifest_digest(archive: Path) -> str:
     if len(manifests) != 1:
         raise ValueError(f"{archive} holds {len(manifests)} manifests, not one image")
     return str(manifests[0]["digest"])
+
+
+def chain_id(diff_ids: list[str]) -> str:
+    """The OCI chain ID of a layer stack (image-spec config.md): the first diff ID, then sha256 of "<chain> <diff>"
+    for each next one. containerd names a stack's committed snapshot by it."""
+    chain = diff_ids[0]
+    for diff in diff_ids[1:]:
+        chain = "sha256:" + hashlib.sha256(f"{chain} {diff}".encode()).hexdigest()
+    return chain
 
 
 class Containerd:
@@ -162,15 +172,39 @@ class Containerd:
         `discard_unpacked_layers` does: containers run from the unpacked snapshots, and the archive holds the layers
         (for the trainer image, 4 GB less). Such an image cannot be exported or pushed from this containerd."""
         digest = archive_manifest_digest(archive)
-        if self.image_digest(ref) != digest:
+        if self.image_digest(ref) == digest and self.is_unpacked(digest):
+            return digest
+        # `ctr images import` names the new image before it unpacks it. Until then the snapshots of the layers the
+        # old image shares with it (all but the last, after a code change) would belong to no image, and a garbage
+        # collection in between deletes them under the unpacker ("parent snapshot ... does not exist"). A second
+        # name keeps the old image, and so its snapshots, until the new one is unpacked.
+        keeper = f"{ref}-previous"
+        if self.image_digest(ref) is not None:
+            self.ctr("images", "tag", "--force", ref, keeper)
+        try:
             self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
-            if self.image_digest(ref) != digest:
-                raise RuntimeError(f"importing {archive} did not make {ref} name {digest}")
+            if self.image_digest(ref) != digest or not self.is_unpacked(digest):
+                raise RuntimeError(f"importing {archive} did not make {ref} name {digest}, unpacked")
             if not keep_layers:
                 manifest = json.loads(self.ctr("content", "get", digest).stdout)
                 self.ctr("content", "rm", *(layer["digest"] for layer in manifest["layers"]))
-            self.collect_garbage()
+        finally:
+            self.ctr("images", "rm", keeper, check=False)
+        self.collect_garbage()
         return digest
+
+    def is_unpacked(self, manifest_digest: str) -> bool:
+        """Whether the image of `manifest_digest` has its whole root file system here as a committed snapshot: the one
+        named by the chain ID of its config's layer diff IDs. An import interrupted before its unpack finished leaves
+        the image named but not unpacked; a container cannot run from it."""
+        manifest = self.ctr("content", "get", manifest_digest, check=False)
+        if manifest.returncode != 0:
+            return False
+        config = self.ctr("content", "get", json.loads(manifest.stdout)["config"]["digest"], check=False)
+        if config.returncode != 0:
+            return False
+        chain = chain_id(json.loads(config.stdout)["rootfs"]["diff_ids"])
+        return self.ctr("snapshots", "--snapshotter", "overlayfs", "info", chain, check=False).returncode == 0
 
     def collect_garbage(self) -> None:
         """Delete the content and snapshots no image uses (an image replaced by a newer import)."""

@@ -134,6 +134,25 @@ def test_a_killed_sessions_leftover_snapshot_is_removed(containerd):
     assert "leftover-probe" not in containerd.ctr("snapshots", "--snapshotter", "overlayfs", "ls").stdout
 
 
+def test_an_image_named_but_not_unpacked_is_imported_again(containerd, image_archives):
+    """An import killed before its unpack finished leaves the image named with its root file system missing: no
+    container runs from it, and the next session must import it again rather than take the name for the image."""
+    from images.containerd import chain_id
+
+    ref = build.reference("operator")
+    digest = containerd.image_digest(ref)
+    assert digest is not None and containerd.is_unpacked(digest)
+    manifest = json.loads(containerd.ctr("content", "get", digest).stdout)
+    config = json.loads(containerd.ctr("content", "get", manifest["config"]["digest"]).stdout)
+    top = chain_id(config["rootfs"]["diff_ids"])
+    containerd.ctr("snapshots", "--snapshotter", "overlayfs", "rm", top)  # what the interrupted import never made
+    assert containerd.image_digest(ref) == digest and not containerd.is_unpacked(digest)
+    assert containerd.import_archive(image_archives["operator"], ref) == digest
+    assert containerd.is_unpacked(digest)
+    containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "unpacked-probe")  # needs the top
+    containerd.remove_container("unpacked-probe")
+
+
 # --- the trainer image ----------------------------------------------------------------------------
 
 STACK_PROBE = """
