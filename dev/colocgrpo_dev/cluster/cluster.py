@@ -202,14 +202,18 @@ class DevCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         write_fake_log(self._fake_log)
         self._config_file.write_text(config)
-        self._kwokctl(
-            binaries_dir(),
-            "create",
-            "cluster",
-            "--kubeconfig=",  # never touch ~/.kube/config
-            f"--wait={int(timeout)}s",
-            f"--timeout={int(timeout)}s",
-        )
+        # kwokctl picks each port by probing down from one fixed number (kwok pkg/utils/net), so two clusters created at
+        # once (make test's three suites) chose the same ports, and the second one's kwok-controller never served
+        # its nodes. One creation at a time on this machine: the next probes after the last one's ports are bound.
+        with file_lock(self.workdir / ".create.lock"):
+            self._kwokctl(
+                binaries_dir(),
+                "create",
+                "cluster",
+                "--kubeconfig=",  # never touch ~/.kube/config
+                f"--wait={int(timeout)}s",
+                f"--timeout={int(timeout)}s",
+            )
         # The service-account controller creating `default` proves kube-controller-manager is up.
         deadline = time.monotonic() + timeout
         while self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode:
