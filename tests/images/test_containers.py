@@ -119,15 +119,15 @@ def test_operator_image_has_no_ml_stack_and_no_official_kubernetes_client(operat
     assert _ok(operator_pod.run(command=["python", "-c", probe])).strip() == "[]"
 
 
-def test_a_killed_sessions_leftover_snapshot_is_removed(containerd):
-    """A session killed mid-run leaves its container's snapshot in the kept root, and the next run of that id failed
-    with "snapshot ... already exists"; the fixture's `remove_leftovers` clears such leftovers at start."""
+def test_a_killed_sessions_leftover_container_and_snapshot_are_removed(containerd):
+    """A session killed mid-run leaves its container, and the container's snapshot, in the kept root; the next run of
+    that id failed with "... already exists". The fixture's `remove_leftovers` clears such leftovers at start."""
     ref = build.reference("operator")
-    containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe")
-    containerd.ctr("containers", "delete", "--keep-snapshot", "leftover-probe")
+    containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe")  # never deleted
     again = containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe", check=False)
     assert again.returncode != 0 and "already exists" in again.stderr
     containerd.remove_leftovers()
+    assert "leftover-probe" not in containerd.containers()
     assert "leftover-probe" not in containerd.ctr("snapshots", "--snapshotter", "overlayfs", "ls").stdout
     containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "leftover-probe")
     containerd.remove_container("leftover-probe")
@@ -136,21 +136,30 @@ def test_a_killed_sessions_leftover_snapshot_is_removed(containerd):
 
 def test_an_image_named_but_not_unpacked_is_imported_again(containerd, image_archives):
     """An import killed before its unpack finished leaves the image named with its root file system missing: no
-    container runs from it, and the next session must import it again rather than take the name for the image."""
+    container runs from it, and a later import must unpack it again rather than take the name for the image. Played
+    in a containerd namespace of its own, where no other test's container holds the image's snapshots."""
+    import copy
+
     from images.containerd import chain_id
 
     ref = build.reference("operator")
-    digest = containerd.image_digest(ref)
-    assert digest is not None and containerd.is_unpacked(digest)
-    manifest = json.loads(containerd.ctr("content", "get", digest).stdout)
-    config = json.loads(containerd.ctr("content", "get", manifest["config"]["digest"]).stdout)
-    top = chain_id(config["rootfs"]["diff_ids"])
-    containerd.ctr("snapshots", "--snapshotter", "overlayfs", "rm", top)  # what the interrupted import never made
-    assert containerd.image_digest(ref) == digest and not containerd.is_unpacked(digest)
-    assert containerd.import_archive(image_archives["operator"], ref) == digest
-    assert containerd.is_unpacked(digest)
-    containerd.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "unpacked-probe")  # needs the top
-    containerd.remove_container("unpacked-probe")
+    probe = copy.copy(containerd)
+    probe.namespace = "colocgrpo-tests-unpack"
+    digest = probe.import_archive(image_archives["operator"], ref)
+    try:
+        assert probe.is_unpacked(digest)
+        manifest = json.loads(probe.ctr("content", "get", digest).stdout)
+        config = json.loads(probe.ctr("content", "get", manifest["config"]["digest"]).stdout)
+        top = chain_id(config["rootfs"]["diff_ids"])
+        probe.ctr("snapshots", "--snapshotter", "overlayfs", "rm", top)  # what the interrupted import never made
+        assert probe.image_digest(ref) == digest and not probe.is_unpacked(digest)
+        assert probe.import_archive(image_archives["operator"], ref) == digest
+        assert probe.is_unpacked(digest)
+        probe.ctr("containers", "create", "--snapshotter", "overlayfs", ref, "unpacked-probe")  # needs the top
+        probe.remove_container("unpacked-probe")
+    finally:
+        probe.ctr("images", "rm", ref, check=False)
+        probe.collect_garbage()
 
 
 # --- the trainer image ----------------------------------------------------------------------------
