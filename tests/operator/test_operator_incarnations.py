@@ -11,11 +11,20 @@ from pathlib import Path
 import pytest
 
 from colocgrpo_dev.cluster.cluster import has_component, paused_component
+from colocgrpo_dev.cluster.diagnose import health
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.kube.client import KubeApiError, ObjectGone
 from colocgrpo_operator.render import render_service
-from support.operator_harness import OperatorProcess, condition, tiny_job, trainer_config_text, wait_event, wait_for
+from support.operator_harness import (
+    OperatorProcess,
+    condition,
+    gang_state,
+    tiny_job,
+    trainer_config_text,
+    wait_event,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -31,7 +40,10 @@ def _wait_phase(cluster, operator, ns: str, name: str, wanted: str, timeout: flo
         lambda: (obj := cluster.get_job(ns, name)) and (obj.get("status") or {}).get("phase") == wanted and obj,
         timeout,
         f"{ns}/{name} {wanted}",
-        on_timeout=lambda: f"{(cluster.get_job(ns, name) or {}).get('status')}\n{operator.log_tail()}",
+        on_timeout=lambda: (
+            f"{health(cluster.handle.kubeconfig)}\n{(cluster.get_job(ns, name) or {}).get('status')}\n"
+            f"{gang_state(cluster, ns, name)}{operator.log_tail()}"
+        ),
     )
 
 

@@ -316,6 +316,15 @@ def has_component(kubeconfig: Path, component: str) -> bool:
     return _pid_file(kubeconfig, component).is_file()
 
 
+def component_alive(kubeconfig: Path, component: str) -> bool:
+    """Whether that process of the cluster of `kubeconfig` is running (not gone, not a zombie)."""
+    try:
+        _, _, pid, _ = _component_process(kubeconfig, component)
+    except (OSError, ValueError):
+        return False
+    return "zombie" not in _state(Path(f"/proc/{pid}"))
+
+
 def _pid_file(kubeconfig: Path, component: str) -> Path:
     return Path(kubeconfig).resolve().parent / "pids" / f"{component}.pid"
 

@@ -109,3 +109,50 @@ def _log_errors(path: Path, last: int) -> str:
     if not errors:
         return f"--- {path.name}: no error lines in its last 2 MB"
     return f"--- {path.name}: last {min(last, len(errors))} of {len(errors)} error lines\n" + "\n".join(errors[-last:])
+
+
+def health(kubeconfig: Path) -> str:
+    """One short paragraph for a timeout's message, read first in a CI log that keeps only part of the output:
+    which control-plane processes of this cluster are alive, each node's readiness, taints, pods and CPU
+    requested, and how many pods are unscheduled or stuck deleting. Never raises."""
+    from colocgrpo_dev.cluster.cluster import component_alive
+
+    folder = Path(kubeconfig).resolve().parent
+    names = sorted(p.stem for p in (folder / "pids").glob("*.pid")) if (folder / "pids").is_dir() else []
+    alive = ", ".join(f"{name} {'up' if component_alive(Path(kubeconfig), name) else 'DEAD'}" for name in names)
+    lines = [f"cluster health: {alive or 'no pid files (not a colocgrpo-dev cluster)'}"]
+    nodes = _get(kubeconfig, "nodes")
+    pods = _get(kubeconfig, "pods", "-A")
+    if isinstance(nodes, str) or isinstance(pods, str):
+        lines.append(nodes if isinstance(nodes, str) else str(pods))
+        return "\n".join(lines)
+    on_node: Counter[str] = Counter()
+    cpu: Counter[str] = Counter()
+    for pod in pods["items"]:
+        node = (pod.get("spec") or {}).get("nodeName") or "(unscheduled)"
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        on_node[node] += 1
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            cpu[node] += _millicores(((container.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+    deleting = sum(1 for p in pods["items"] if p["metadata"].get("deletionTimestamp"))
+    for node in nodes["items"]:
+        name = node["metadata"]["name"]
+        ready = next((c["status"] for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), "?")
+        taints = ",".join(f"{t.get('key')}:{t.get('effect')}" for t in (node.get("spec") or {}).get("taints") or [])
+        allocatable = node["status"].get("allocatable") or {}
+        lines.append(
+            f"node {name}: Ready={ready} taints=[{taints}] active pods {on_node[name]}/{allocatable.get('pods', '?')} "
+            f"cpu requested {cpu[name] / 1000:g}/{allocatable.get('cpu', '?')}"
+        )
+    unscheduled = on_node["(unscheduled)"]
+    lines.append(f"pods: {len(pods['items'])} in the cluster, {unscheduled} unscheduled, {deleting} deleting")
+    return "\n".join(lines)
+
+
+def _millicores(quantity: Any) -> int:
+    text = str(quantity)
+    try:
+        return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
+    except ValueError:
+        return 0
