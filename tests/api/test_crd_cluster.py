@@ -89,6 +89,10 @@ def test_examples_are_accepted_and_defaulted(crd_installed, namespace):
             lambda o: o["spec"]["resources"].update(nodes=2),
             "spec.checkpoint.claimName is required when spec.resources.nodes is more than 1",
         ),
+        # Not an image reference: no kubelet could pull it, and KWOK's fake kubelet cannot even report on it.
+        (lambda o: o["spec"].update(image="trainer\x7f:1"), "spec.image in body should match"),
+        (lambda o: o["spec"].update(image="Trainer:latest"), "spec.image in body should match"),
+        (lambda o: o["spec"].update(image="registry.example.com/team/trainer:v1 "), "spec.image in body should match"),
     ],
 )
 def test_api_server_rejects_with_the_field_named(crd_installed, namespace, mutate, expected):

@@ -286,6 +286,30 @@ def test_micro_batch_merge_refuses_anything_else(value):
     assert "spec.training.microBatchMerge" in problems_of(minimal_job(training={"microBatchMerge": value}))
 
 
+@pytest.mark.parametrize(
+    "image",
+    [
+        "busybox",
+        "colocgrpo/trainer:0.1.0",
+        "localhost:5000/team/trainer:v1",
+        "[::1]:5000/trainer",
+        "nvcr.io/nvidia/pytorch:24.01-py3",
+        "registry.example.com/team/trainer@sha256:" + "a" * 64,
+        "registry.example.com/team/trainer:v1@sha256:" + "a" * 64,
+    ],
+)
+def test_an_image_reference_is_accepted(image):
+    assert parse_job(minimal_job(image=image)).spec.image == image
+
+
+@pytest.mark.parametrize(
+    "image", ["", "Trainer", "trainer:", "trainer:-1", "a:b:c", "/trainer", "trainer ", "tr ainer", "a\x7fb", "ü"]
+)
+def test_anything_but_an_image_reference_is_refused_naming_spec_image(image):
+    # The API server refuses the same (the CRD carries the pattern): no pod ever gets an image no kubelet can pull.
+    assert "spec.image" in problems_of(minimal_job(image=image))
+
+
 @pytest.mark.parametrize("obj", [None, [], "text", 3])
 def test_non_mapping_is_a_clear_error(obj):
     with pytest.raises(JobSpecError):

@@ -91,6 +91,21 @@ DnsName = Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING, patter
 StringMap = Annotated[dict[str, Annotated[str, Field(max_length=MAX_LONG_STRING)]], Field(max_length=MAX_MAP_ENTRIES)]
 Timestamp = Annotated[str, Field(max_length=64, json_schema_extra={"format": "date-time"})]
 
+# A container image reference as the distribution spec's reference grammar defines it
+# (github.com/distribution/reference, regexp.go): [host[:port]/]path[:tag][@digest], path components in
+# lowercase. The kubelet and containerd refuse anything else only when the pod starts (ErrImagePull, or a pod
+# no kubelet can report on); the API server refuses it at the door, naming spec.image. \w is spelled out: RE2
+# (the API server) and pydantic's Rust regex differ on Unicode there.
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE_PATTERN = (
+    rf"^(?:{_HOST}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?$"
+)
+ImageReference = Annotated[str, Field(min_length=1, max_length=MAX_SHORT_STRING, pattern=IMAGE_REFERENCE_PATTERN)]
+
 
 def _free_form(description: str) -> Any:
     """A Kubernetes core type we pass through untouched (validated by the API server on the child)."""
@@ -644,9 +659,10 @@ class ColocGRPOJobSpec(_Spec):
         "override them, except the runtime's lockedFields.",
     )
 
-    image: ShortString | None = Field(
+    image: ImageReference | None = Field(
         default=None,
-        description="Trainer image; default: the operator's --trainer-image, else colocgrpo/trainer:<version>.",
+        description="Trainer image, a reference such as registry.example.com/team/trainer:v1 or name@sha256:...; "
+        "default: the operator's --trainer-image, else colocgrpo/trainer:<version>.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Trainer container imagePullPolicy."

@@ -26,13 +26,13 @@ from colocgrpo_operator.api.model import (
     RUNTIME_KIND,
     CacheSpec,
     DeepSpeedSpec,
+    ImageReference,
     ObjectMeta,
     PodTemplateSpec,
     ResourcesSpec,
     RunPolicySpec,
     SchedulingSpec,
     SecretsSpec,
-    ShortString,
     VLLMSpec,
     _Spec,
 )
@@ -46,7 +46,7 @@ RUNTIME_SHORT_NAMES = {RUNTIME_KIND: ["cgrt"], CLUSTER_RUNTIME_KIND: ["ccgrt"]}
 class RuntimeTemplate(_Spec):
     """The part of a job's spec a runtime sets: each field of the job's type, all optional."""
 
-    image: ShortString | None = Field(default=None, description="Trainer image (the job's spec.image).")
+    image: ImageReference | None = Field(default=None, description="Trainer image (the job's spec.image).")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Trainer container imagePullPolicy."
     )
