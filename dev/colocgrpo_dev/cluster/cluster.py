@@ -316,13 +316,18 @@ def has_component(kubeconfig: Path, component: str) -> bool:
     return _pid_file(kubeconfig, component).is_file()
 
 
-def component_alive(kubeconfig: Path, component: str) -> bool:
-    """Whether that process of the cluster of `kubeconfig` is running (not gone, not a zombie)."""
+def component_state(kubeconfig: Path, component: str) -> str | None:
+    """That process's state letter and resident memory ("S 412 MiB"; T is stopped, Z a zombie), or None when it
+    is gone or its pid is another program's now."""
     try:
         _, _, pid, _ = _component_process(kubeconfig, component)
+        status = Path(f"/proc/{pid}/status").read_text()
     except (OSError, ValueError):
-        return False
-    return "zombie" not in _state(Path(f"/proc/{pid}"))
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    state = fields.get("State", "?").split()[0]
+    rss = fields.get("VmRSS", "").split()
+    return f"{state} {int(rss[0]) // 1024} MiB" if rss and rss[0].isdigit() else state
 
 
 def _pid_file(kubeconfig: Path, component: str) -> Path:

@@ -6,6 +6,7 @@ never created."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -96,6 +97,10 @@ def _nodes(kubeconfig: Path) -> str:
     return "\n".join(lines)
 
 
+# Error lines that say nothing of a failure: KWOK deleting a pod someone deleted first.
+_BENIGN = re.compile(r"failed to delete pod [^ ]+: pods? \\?\"[^\"\\]+\\?\" not found")
+
+
 def _log_errors(path: Path, last: int) -> str:
     if not path.is_file():
         return ""
@@ -105,7 +110,11 @@ def _log_errors(path: Path, last: int) -> str:
             tail = log.read().decode(errors="replace").splitlines()
     except OSError as error:
         return f"--- {path.name}: {error}"
-    errors = [line[:400] for line in tail if '"level":"ERROR"' in line or line[:1] in ("E", "F")]
+    errors = [
+        line[:400]
+        for line in tail
+        if ('"level":"ERROR"' in line or line[:1] in ("E", "F")) and not _BENIGN.search(line)
+    ]
     if not errors:
         return f"--- {path.name}: no error lines in its last 2 MB"
     return f"--- {path.name}: last {min(last, len(errors))} of {len(errors)} error lines\n" + "\n".join(errors[-last:])
@@ -115,12 +124,12 @@ def health(kubeconfig: Path) -> str:
     """One short paragraph for a timeout's message, read first in a CI log that keeps only part of the output:
     which control-plane processes of this cluster are alive, each node's readiness, taints, pods and CPU
     requested, and how many pods are unscheduled or stuck deleting. Never raises."""
-    from colocgrpo_dev.cluster.cluster import component_alive
+    from colocgrpo_dev.cluster.cluster import component_state
 
     folder = Path(kubeconfig).resolve().parent
     names = sorted(p.stem for p in (folder / "pids").glob("*.pid")) if (folder / "pids").is_dir() else []
-    alive = ", ".join(f"{name} {'up' if component_alive(Path(kubeconfig), name) else 'DEAD'}" for name in names)
-    lines = [f"cluster health: {alive or 'no pid files (not a colocgrpo-dev cluster)'}"]
+    states = ", ".join(f"{name} {component_state(Path(kubeconfig), name) or 'DEAD'}" for name in names)
+    lines = [f"cluster health (process state, RSS): {states or 'no pid files (not a colocgrpo-dev cluster)'}"]
     nodes = _get(kubeconfig, "nodes")
     pods = _get(kubeconfig, "pods", "-A")
     if isinstance(nodes, str) or isinstance(pods, str):
@@ -148,6 +157,27 @@ def health(kubeconfig: Path) -> str:
     unscheduled = on_node["(unscheduled)"]
     lines.append(f"pods: {len(pods['items'])} in the cluster, {unscheduled} unscheduled, {deleting} deleting")
     return "\n".join(lines)
+
+
+def pods_line(kubeconfig: Path, namespace: str) -> str:
+    """One line per pod of `namespace`: phase, node, PodScheduled (with its reason) and Ready, for the top of a
+    timeout's message: unscheduled (scheduler), bound but Pending (KWOK), or Running (the watcher's view)."""
+    listing = _get(kubeconfig, "pods", "-n", namespace)
+    if isinstance(listing, str):
+        return f"pods in {namespace}: {listing}"
+    lines = []
+    for pod in listing["items"]:
+        status = pod.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        scheduled = conditions.get("PodScheduled") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        lines.append(
+            f"pod {pod['metadata']['name']}: phase={status.get('phase')} node={node} "
+            f"PodScheduled={scheduled.get('status')}({scheduled.get('reason') or ''}) "
+            f"Ready={(conditions.get('Ready') or {}).get('status')}"
+            + (" deleting" if pod["metadata"].get("deletionTimestamp") else "")
+        )
+    return "\n".join(lines) or f"no pods in {namespace}"
 
 
 def _millicores(quantity: Any) -> int:
