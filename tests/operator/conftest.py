@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from colocgrpo_dev.cluster.api_install import install_api
+from colocgrpo_dev.cluster.handle import ClusterHandle
 from colocgrpo_dev.cluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
 from support.operator_harness import NAMESPACE_PATTERN, Cluster, OperatorProcess, kueue_queues
 
@@ -49,6 +52,48 @@ def op_namespace(kube_cluster, operator, request) -> Iterator[str]:
         print(f"--- operator log (tail) ---\n{operator.log_tail()}")
         print(snapshot(kube_cluster.kubeconfig, name))
     kube_cluster.delete_namespace(name)
+
+
+@dataclass
+class Solo:
+    """A control plane, an operator and a namespace of one test's own (`solo`)."""
+
+    cluster: Cluster
+    kube_cluster: ClusterHandle
+    operator: OperatorProcess
+    namespace: str
+
+
+@pytest.fixture
+def solo(request, tmp_path) -> Iterator[Solo]:
+    """A control plane and an operator of this test's own, for a test that freezes or kills one of the control
+    plane's processes: whatever state that leaves the cluster or the operator in ends with the test, instead of
+    reaching every later test of the session (`<test cluster>-solo`, stopped afterwards unless
+    COLOCGRPO_KEEP_CLUSTER=1). Skips where the tests run against a cluster of the user's (COLOCGRPO_KUBECONFIG)."""
+    from colocgrpo_dev.cluster.cluster import DevCluster
+    from colocgrpo_dev.cluster.diagnose import snapshot
+    from colocgrpo_dev.cluster.handle import ClusterHandle
+
+    if os.environ.get("COLOCGRPO_KUBECONFIG"):
+        pytest.skip("a control plane of the test's own needs `colocgrpo-dev cluster`, not COLOCGRPO_KUBECONFIG")
+    dev = DevCluster(name=os.environ.get("COLOCGRPO_TEST_CLUSTER", "colocgrpo-test") + "-solo")
+    try:
+        handle = ClusterHandle(kubeconfig=dev.up())
+        operator = OperatorProcess(Path(handle.kubeconfig), [NAMESPACE_PATTERN], tmp_path / "operator.log")
+        operator.start()
+        try:
+            hint = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().replace("test_", "")).strip("-")[:30]
+            namespace = handle.new_namespace(f"opt-{hint}")
+            yield Solo(Cluster(handle), handle, operator, namespace)
+            report = getattr(request.node, "rep_call", None)
+            if report is not None and report.failed:
+                print(f"--- operator log (tail) ---\n{operator.log_tail()}")
+                print(snapshot(handle.kubeconfig, namespace))
+        finally:
+            operator.stop()
+    finally:
+        if os.environ.get("COLOCGRPO_KEEP_CLUSTER") != "1":
+            dev.down()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -174,18 +174,17 @@ def test_a_predecessors_child_is_waited_for_and_every_child_applied(cluster, ope
         assert [o["uid"] for o in obj["metadata"].get("ownerReferences") or []] == [uid], (plural, child)
 
 
-def test_a_predecessors_leftovers_go_though_the_garbage_collector_missed_them(
-    cluster, kube_cluster, operator, op_namespace
-) -> None:
+def test_a_predecessors_leftovers_go_though_the_garbage_collector_missed_them(solo) -> None:
     """A 2-node job deleted and created again as a 1-node job while the garbage collector is not
     looking (kube-controller-manager frozen, as when its watch is down across an API server
     restart and it never sees the owner go): the new job renders no Service, and still the
     predecessor's goes, with every other child of the predecessor; the new job runs once the
-    controllers are back."""
-    kubeconfig = Path(kube_cluster.kubeconfig)
-    if not has_component(kubeconfig, "kube-controller-manager"):
-        pytest.skip("freezing the garbage collector needs a `colocgrpo-dev cluster` (COLOCGRPO_KUBECONFIG is another)")
-    ns, name = op_namespace, "shrink"
+    controllers are back. On a control plane and operator of its own (`solo`): a frozen
+    controller manager must not leave its traces in the session's cluster."""
+    cluster, operator = solo.cluster, solo.operator
+    kubeconfig = Path(solo.kube_cluster.kubeconfig)
+    assert has_component(kubeconfig, "kube-controller-manager")
+    ns, name = solo.namespace, "shrink"
     selector = f"colocgrpo.io/job-name={name}"
     kinds = [
         ("/api/v1", "services"),
