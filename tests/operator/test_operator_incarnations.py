@@ -388,6 +388,16 @@ def test_a_terminating_namespace_gets_no_event_and_no_line_above_debug(cluster, 
         _hold(cluster, ns, held, {"finalizers": [HOLD]})
         _wait_phase(cluster, own, ns, "running", "Running")
         _wait_phase(cluster, own, ns, "paused", "Suspended")
+        # The Events of those two transitions are posted after the status that shows them, by kopf's queue: once
+        # they are in, nothing judged before the teardown is still on its way to the namespace.
+        wait_for(
+            lambda: (
+                {("running", "Running"), ("paused", "Suspended")}
+                <= {((e.get("involvedObject") or {}).get("name"), e.get("reason")) for e in cluster.events(ns)}
+            ),
+            30,
+            "the Events of both jobs' transitions",
+        )
         mark = own.log_mark()
         kube_cluster.delete_namespace(ns)
         wait_for(lambda: cluster.api.namespace_terminating(ns), 30, "the namespace to terminate")
