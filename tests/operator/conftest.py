@@ -72,7 +72,6 @@ def solo(request, tmp_path) -> Iterator[Solo]:
     COLOCGRPO_KEEP_CLUSTER=1). Skips where the tests run against a cluster of the user's (COLOCGRPO_KUBECONFIG)."""
     from colocgrpo_dev.cluster.cluster import DevCluster
     from colocgrpo_dev.cluster.diagnose import snapshot
-    from colocgrpo_dev.cluster.handle import ClusterHandle
 
     if os.environ.get("COLOCGRPO_KUBECONFIG"):
         pytest.skip("a control plane of the test's own needs `colocgrpo-dev cluster`, not COLOCGRPO_KUBECONFIG")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from colocgrpo_dev.cluster.cluster import has_component, paused_component
-from colocgrpo_dev.cluster.diagnose import health, pods_line
+from colocgrpo_dev.cluster.diagnose import health, pod_lines
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.api.naming import RECORD_ANNOTATION
 from colocgrpo_operator.kube.client import KubeApiError, ObjectGone
@@ -41,7 +41,7 @@ def _wait_phase(cluster, operator, ns: str, name: str, wanted: str, timeout: flo
         timeout,
         f"{ns}/{name} {wanted}",
         on_timeout=lambda: (
-            f"{pods_line(cluster.handle.kubeconfig, ns)}\n{health(cluster.handle.kubeconfig)}\n"
+            f"{pod_lines(cluster.handle.kubeconfig, ns)}\n{health(cluster.handle.kubeconfig)}\n"
             f"{(cluster.get_job(ns, name) or {}).get('status')}\n"
             f"{gang_state(cluster, ns, name)}{operator.log_tail()}"
         ),

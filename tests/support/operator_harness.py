@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from colocgrpo_dev.cluster.commands import OPERATOR_COMMAND
-from colocgrpo_dev.cluster.diagnose import health, pods_line
+from colocgrpo_dev.cluster.diagnose import health, pod_lines
 from colocgrpo_dev.operator_process import OperatorProcess as DevOperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,7 +200,7 @@ def wait_phase(
         timeout,
         f"{namespace}/{name} phase in {sorted(phases)}",
         on_timeout=lambda: (
-            f"{pods_line(cluster.handle.kubeconfig, namespace)}\n{health(cluster.handle.kubeconfig)}\n"
+            f"{pod_lines(cluster.handle.kubeconfig, namespace)}\n{health(cluster.handle.kubeconfig)}\n"
             f"status: {(cluster.get_job(namespace, name) or {}).get('status')}\n"
             + gang_state(cluster, namespace, name)
             + (operator.log_tail() if operator else "")

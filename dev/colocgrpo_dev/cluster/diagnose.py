@@ -21,7 +21,7 @@ def snapshot(kubeconfig: Path, namespace: str, log_lines: int = 15) -> str:
     """A readable report of `namespace`'s pods and events, every node's pod count and Ready condition, and
     the last `log_lines` error lines of each component this `colocgrpo-dev cluster` keeps a log of. Never
     raises: what could not be read says why instead."""
-    parts = [_pods(kubeconfig, namespace), _events(kubeconfig, namespace), _nodes(kubeconfig)]
+    parts = [pod_lines(kubeconfig, namespace), _events(kubeconfig, namespace), health(kubeconfig)]
     folder = Path(kubeconfig).resolve().parent / "logs"
     for component in COMPONENT_LOGS:
         parts.append(_log_errors(folder / f"{component}.log", log_lines))
@@ -45,7 +45,10 @@ def _get(kubeconfig: Path, *args: str) -> dict[str, Any] | str:
     return parsed
 
 
-def _pods(kubeconfig: Path, namespace: str) -> str:
+def pod_lines(kubeconfig: Path, namespace: str) -> str:
+    """One line per pod of `namespace`: phase, node, creation, every condition with its reason, deletion; at the
+    top of a timeout's message it tells an unscheduled pod (the scheduler), a bound but Pending one (KWOK) and a
+    Running one (the watcher's view) apart."""
     listing = _get(kubeconfig, "pods", "-n", namespace)
     if isinstance(listing, str):
         return f"--- pods in {namespace}: {listing}"
@@ -76,24 +79,6 @@ def _events(kubeconfig: Path, namespace: str, last: int = 15) -> str:
             f"{event.get('lastTimestamp') or event.get('eventTime')} {event.get('type')} {event.get('reason')} "
             f"{involved.get('kind')}/{involved.get('name')}: {(event.get('message') or '')[:200]}"
         )
-    return "\n".join(lines)
-
-
-def _nodes(kubeconfig: Path) -> str:
-    nodes = _get(kubeconfig, "nodes")
-    pods = _get(kubeconfig, "pods", "-A")
-    if isinstance(nodes, str) or isinstance(pods, str):
-        return f"--- nodes: {nodes if isinstance(nodes, str) else pods}"
-    per_node = Counter((p.get("spec") or {}).get("nodeName") or "(unscheduled)" for p in pods["items"])
-    deleting = sum(1 for p in pods["items"] if p["metadata"].get("deletionTimestamp"))
-    lines = [f"--- nodes ({len(pods['items'])} pods in the cluster, {deleting} being deleted)"]
-    for node in nodes["items"]:
-        name = node["metadata"]["name"]
-        ready = next((c["status"] for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), "?")
-        allocatable = node["status"].get("allocatable") or {}
-        lines.append(f"{name} Ready={ready} pods={per_node.get(name, 0)}/{allocatable.get('pods', '?')}")
-    if per_node.get("(unscheduled)"):
-        lines.append(f"unscheduled pods: {per_node['(unscheduled)']}")
     return "\n".join(lines)
 
 
@@ -157,27 +142,6 @@ def health(kubeconfig: Path) -> str:
     unscheduled = on_node["(unscheduled)"]
     lines.append(f"pods: {len(pods['items'])} in the cluster, {unscheduled} unscheduled, {deleting} deleting")
     return "\n".join(lines)
-
-
-def pods_line(kubeconfig: Path, namespace: str) -> str:
-    """One line per pod of `namespace`: phase, node, PodScheduled (with its reason) and Ready, for the top of a
-    timeout's message: unscheduled (scheduler), bound but Pending (KWOK), or Running (the watcher's view)."""
-    listing = _get(kubeconfig, "pods", "-n", namespace)
-    if isinstance(listing, str):
-        return f"pods in {namespace}: {listing}"
-    lines = []
-    for pod in listing["items"]:
-        status = pod.get("status") or {}
-        conditions = {c["type"]: c for c in status.get("conditions") or []}
-        scheduled = conditions.get("PodScheduled") or {}
-        node = (pod.get("spec") or {}).get("nodeName")
-        lines.append(
-            f"pod {pod['metadata']['name']}: phase={status.get('phase')} node={node} "
-            f"PodScheduled={scheduled.get('status')}({scheduled.get('reason') or ''}) "
-            f"Ready={(conditions.get('Ready') or {}).get('status')}"
-            + (" deleting" if pod["metadata"].get("deletionTimestamp") else "")
-        )
-    return "\n".join(lines) or f"no pods in {namespace}"
 
 
 def _millicores(quantity: Any) -> int:
