@@ -136,13 +136,13 @@ lint: dev-venv trainer-venv
 # Lint and the three suites run at once, each suite against a control plane of its own (named
 # $(TEST_CLUSTER)-<suite>): most of an operator test is waiting on the API server while the trainer's tests keep both
 # cores busy, so together they take about as long as the longest one. Each job's output is printed whole when it
-# ends; a failed lint fails make test once the suites have run.
+# ends; every job runs to its end (--keep-going), and any failure fails make test.
 TEST_CLUSTER ?= colocgrpo-test
 TEST_JOBS ?= 4
 
 test:
 	@echo "make test: lint and the operator, kopf-floor and trainer suites run at once ($(TEST_JOBS) jobs); each prints when it ends"
-	$(MAKE) --no-print-directory --output-sync=target -j$(TEST_JOBS) lint test-operator test-kopf-floor test-trainer
+	$(MAKE) --no-print-directory --output-sync=target --keep-going -j$(TEST_JOBS) lint test-operator test-kopf-floor test-trainer
 
 test-operator: dev-venv cluster-bin images
 	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-operator" "$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)
