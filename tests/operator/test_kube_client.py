@@ -489,8 +489,14 @@ def test_429s_from_priority_and_fairness_are_retried_after_retry_after(kube_clus
 
         before = API_RETRIES.labels(reason="throttled")._value.get()
         patient = KubeApi(creds.Credentials(server=base.server, ca_data=ca, token=token), "t", 24)
-        assert set(burst(patient)) == {200}
-        assert API_RETRIES.labels(reason="throttled")._value.get() > before
+        # Every request of every burst succeeds; whether a burst is throttled at all depends on how fast a loaded
+        # machine sends it, so bursts go on until one was (and its 429s were retried).
+        deadline = time.monotonic() + 60
+        while True:
+            assert set(burst(patient)) == {200}
+            if API_RETRIES.labels(reason="throttled")._value.get() > before:
+                break
+            assert time.monotonic() < deadline, "no burst of the patient client was throttled and retried"
         patient.close()
     finally:
         kube_cluster.kubectl("delete", "flowschema,prioritylevelconfiguration", name, "--ignore-not-found")
