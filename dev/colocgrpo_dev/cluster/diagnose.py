@@ -145,8 +145,10 @@ def health(kubeconfig: Path) -> str:
 
 
 def _millicores(quantity: Any) -> int:
-    text = str(quantity)
+    """demo.cpu_millis, 0 for a quantity it does not read ("1k"): the report never raises."""
+    from colocgrpo_dev.demo import cpu_millis
+
     try:
-        return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
+        return cpu_millis(str(quantity))
     except ValueError:
         return 0
