@@ -104,6 +104,30 @@ class OperatorProcess:
             text: str = response.read().decode()
             return text
 
+    def state(self) -> str:
+        """One line for a timeout's message: whether the process runs (its state letter and memory) or how it
+        ended, how long ago its log was last written, and what /healthz answers."""
+        if self.process is None:
+            return "operator: never started"
+        if self.process.poll() is not None:
+            return f"operator pid {self.process.pid}: exited with {self.process.returncode}"
+        try:
+            fields = dict(
+                line.split(":", 1) for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines()
+            )
+            running = f"{fields['State'].split()[0]} {int(fields['VmRSS'].split()[0]) // 1024} MiB"
+        except (OSError, KeyError, ValueError):
+            running = "?"
+        try:
+            quiet = f"{time.time() - self.log_path.stat().st_mtime:.0f} s ago"
+        except OSError:
+            quiet = "never"
+        status, body = self.probe("/healthz")
+        return (
+            f"operator pid {self.process.pid}: running ({running}), log last written {quiet}, "
+            f"/healthz {status} {body[:80]}"
+        )
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 

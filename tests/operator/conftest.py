@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +13,17 @@ from pathlib import Path
 import pytest
 
 from colocgrpo_dev.cluster.api_install import install_api
+from colocgrpo_dev.cluster.diagnose import processes
 from colocgrpo_dev.cluster.handle import ClusterHandle
 from colocgrpo_dev.cluster.kueue import MANAGED_NAMESPACE_LABEL, LocalKueue, default_pid_dir
-from support.operator_harness import NAMESPACE_PATTERN, Cluster, OperatorProcess, kueue_queues
+from support.operator_harness import (
+    NAMESPACE_PATTERN,
+    Cluster,
+    OperatorProcess,
+    add_session_probe,
+    kueue_queues,
+    session_state,
+)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +44,11 @@ def operator(kube_cluster, crd_installed, tmp_path_factory) -> Iterator[Operator
         Path(kube_cluster.kubeconfig), [NAMESPACE_PATTERN], tmp_path_factory.mktemp("operator") / "operator.log"
     )
     process.start()
+    add_session_probe("session operator", lambda: f"session {process.state()}")
+    add_session_probe("session cluster", lambda: processes(Path(kube_cluster.kubeconfig)))
     yield process
+    add_session_probe("session operator", None)
+    add_session_probe("session cluster", None)
     process.stop()
 
 
@@ -95,11 +108,24 @@ def solo(request, tmp_path) -> Iterator[Solo]:
             dev.down()
 
 
+# The session's operator and control plane as the first failure found them (printed again at the end of the run,
+# which a CI log keeps when it drops the middle).
+_FIRST_FAILURE: list[str] = []
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+    if report.failed and not _FIRST_FAILURE and session_state():
+        _FIRST_FAILURE.append(f"{item.nodeid} ({report.when}, {time.strftime('%H:%M:%S')}):\n{session_state()}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _FIRST_FAILURE:
+        terminalreporter.write_sep("-", "the session's operator and control plane at the first failure")
+        terminalreporter.write_line(_FIRST_FAILURE[0])
 
 
 # --- real Kueue (colocgrpo_dev.cluster.kueue), only for the tests that ask for it -----

@@ -159,7 +159,32 @@ def wait_for(
             return last
         time.sleep(interval)
     detail = on_timeout() if on_timeout else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{detail}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}\n{session_state()}\n{detail}")
+
+
+# What every timeout reports first: the session's operator and control plane (conftest.py registers them).
+_SESSION_PROBES: dict[str, Callable[[], str]] = {}
+
+
+def add_session_probe(name: str, probe: Callable[[], str] | None) -> None:
+    """Register (or with None, drop) a one-paragraph report `wait_for` puts at the top of every timeout's message,
+    ahead of the test's own detail: a CI log that keeps only part of a failure still says whether the operator
+    ran and the control plane's processes lived."""
+    if probe is None:
+        _SESSION_PROBES.pop(name, None)
+    else:
+        _SESSION_PROBES[name] = probe
+
+
+def session_state() -> str:
+    """Every registered probe's report; one that raises says so instead."""
+    reports = []
+    for name, probe in list(_SESSION_PROBES.items()):
+        try:
+            reports.append(probe())
+        except Exception as error:  # a report must never hide the timeout it explains
+            reports.append(f"{name}: report failed: {error!r}")
+    return "\n".join(reports)
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:

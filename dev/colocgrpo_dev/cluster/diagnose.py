@@ -109,12 +109,7 @@ def health(kubeconfig: Path) -> str:
     """One short paragraph for a timeout's message, read first in a CI log that keeps only part of the output:
     which control-plane processes of this cluster are alive, each node's readiness, taints, pods and CPU
     requested, and how many pods are unscheduled or stuck deleting. Never raises."""
-    from colocgrpo_dev.cluster.cluster import component_state
-
-    folder = Path(kubeconfig).resolve().parent
-    names = sorted(p.stem for p in (folder / "pids").glob("*.pid")) if (folder / "pids").is_dir() else []
-    states = ", ".join(f"{name} {component_state(Path(kubeconfig), name) or 'DEAD'}" for name in names)
-    lines = [f"cluster health (process state, RSS): {states or 'no pid files (not a colocgrpo-dev cluster)'}"]
+    lines = [processes(kubeconfig)]
     nodes = _get(kubeconfig, "nodes")
     pods = _get(kubeconfig, "pods", "-A")
     if isinstance(nodes, str) or isinstance(pods, str):
@@ -142,6 +137,106 @@ def health(kubeconfig: Path) -> str:
     unscheduled = on_node["(unscheduled)"]
     lines.append(f"pods: {len(pods['items'])} in the cluster, {unscheduled} unscheduled, {deleting} deleting")
     return "\n".join(lines)
+
+
+def processes(kubeconfig: Path) -> str:
+    """Two lines on this `colocgrpo-dev cluster`'s processes: each one's state and memory, whether each listens
+    on its own port, and the free disk space. Reads /proc only (no API call): it answers when the API does not."""
+    from colocgrpo_dev.cluster.cluster import component_state
+
+    folder = Path(kubeconfig).resolve().parent
+    names = sorted(p.stem for p in (folder / "pids").glob("*.pid")) if (folder / "pids").is_dir() else []
+    states = ", ".join(f"{name} {component_state(Path(kubeconfig), name) or 'DEAD'}" for name in names)
+    return (
+        f"cluster health (process state, RSS): {states or 'no pid files (not a colocgrpo-dev cluster)'}\n"
+        f"ports: {port_owners(folder, names)}; {disk_free(folder)}"
+    )
+
+
+def disk_free(*folders: Path) -> str:
+    """Free space of the file systems holding `folders` and /tmp ("disk free: 8.1 GiB (cluster), 8.1 GiB (/tmp)"):
+    a full disk stops etcd's writes and every log at once."""
+    import shutil
+
+    parts = []
+    for label, folder in [*((str(f), f) for f in folders), ("/tmp", Path("/tmp"))]:
+        try:
+            parts.append(f"{shutil.disk_usage(folder).free / 2**30:.1f} GiB ({label})")
+        except OSError as error:
+            parts.append(f"? ({label}: {error.strerror})")
+    return "disk free: " + ", ".join(parts)
+
+
+# The flag each control-plane process serves on, as kwokctl starts them.
+_PORT_FLAGS = re.compile(r"^--(?:secure-port|listen-client-urls|server-address)=(?:.*:)?(\d+)$")
+
+
+def port_owners(folder: Path, names: list[str]) -> str:
+    """Whether each process of the cluster in `folder` listens on the port its command line names ("ok"), and
+    otherwise who does: another process on a port of this cluster (a cluster created while one of its
+    processes was restarting can take it) reaches the wrong control plane."""
+    listeners = _listening_sockets()
+    findings = []
+    for name in names:
+        try:
+            pid = int((folder / "pids" / f"{name}.pid").read_text().strip())
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        ports = [int(m.group(1)) for part in command if (m := _PORT_FLAGS.match(part))]
+        mine = _socket_inodes(pid)
+        for port in ports:
+            inodes = listeners.get(port, set())
+            if inodes & mine:
+                continue
+            holder = next((other for other, held in _socket_holders(inodes)), None)
+            findings.append(f"{name}'s {port} " + (f"held by {holder}" if holder else "not listened on"))
+    return "; ".join(findings) if findings else "every process listens on its own port"
+
+
+def _listening_sockets() -> dict[int, set[str]]:
+    """Listening TCP port -> socket inodes, from /proc/net/tcp and tcp6."""
+    found: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A":  # LISTEN
+                found.setdefault(int(fields[1].rsplit(":", 1)[1], 16), set()).add(fields[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = fd.readlink().name
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _socket_holders(inodes: set[str]) -> list[tuple[str, int]]:
+    """(a short 'pid N (command)' name, pid) of each process holding one of `inodes`."""
+    if not inodes:
+        return []
+    holders = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and _socket_inodes(int(proc.name)) & inodes:
+            try:
+                command = (proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")[:160]
+            except OSError:
+                command = "?"
+            holders.append((f"pid {proc.name} ({command})", int(proc.name)))
+    return holders
 
 
 def _millicores(quantity: Any) -> int:
