@@ -559,6 +559,7 @@ def test_kueue_label_policies_are_the_ones_the_dev_cluster_installs(render_chart
         ("podDisruptionBudget.maxUnavailable=half", "maxUnavailable"),
         ("networkPolicy.enable=true", "additional properties 'enable' not allowed"),
         ("networkPolicy.apiServer.ports={70000}", "ports"),
+        ("trainerImage=Trainer Image:1", "trainerImage"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(helm, value, complaint):

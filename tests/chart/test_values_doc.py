@@ -81,3 +81,11 @@ def test_chart_versions_and_default_images_match_the_code():
     assert (crds["version"], crds["appVersion"]) == (chart["version"], chart["appVersion"])
     assert VALUES["trainerImage"] == DEFAULT_TRAINER_IMAGE
     assert VALUES["trainerImage"].endswith(f":{version}")
+
+
+def test_the_trainer_image_is_held_to_the_grammar_spec_image_is() -> None:
+    """The chart refuses at install what the operator would refuse at start (`--trainer-image`) and the API in a
+    job's spec.image: one grammar, the model's."""
+    from colocgrpo_operator.api.model import IMAGE_REFERENCE_PATTERN
+
+    assert SCHEMA["properties"]["trainerImage"]["pattern"] == IMAGE_REFERENCE_PATTERN

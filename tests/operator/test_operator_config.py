@@ -74,6 +74,8 @@ def test_an_empty_trainer_image_means_the_default() -> None:
         ({"kopf_connections": -1}, "--kopf-connections"),
         ({"kubeconfig": "/nonexistent/kubeconfig"}, "--kubeconfig"),
         ({"log_level": "LOUD"}, "--log-level"),
+        ({"trainer_image": "Trainer Image:latest"}, "--trainer-image"),
+        ({"trainer_image": "reg/trainer:tag with space"}, "--trainer-image"),
     ],
 )
 def test_bad_values_are_refused_naming_the_flag(settings: dict[str, Any], flag: str) -> None:

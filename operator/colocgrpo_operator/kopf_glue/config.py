@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
+
+from colocgrpo_operator.api.model import IMAGE_REFERENCE_PATTERN
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -95,6 +98,12 @@ class OperatorConfig:
         if self.trainer_image is not None and not self.trainer_image.strip():
             # An empty value (the chart's `--trainer-image=` with no image set) means the default.
             object.__setattr__(self, "trainer_image", None)
+        if self.trainer_image is not None and not re.fullmatch(IMAGE_REFERENCE_PATTERN, self.trainer_image):
+            # The same grammar spec.image is held to: a default the API would refuse in a job must not start.
+            raise ConfigError(
+                FLAGS["trainer_image"],
+                f"must be an image reference such as registry.example.com/team/trainer:1.0; got {self.trainer_image!r}",
+            )
         for name in ("metrics_port", "liveness_port"):
             port = getattr(self, name)
             if not _is_int(port) or not 0 <= port <= 65535:
