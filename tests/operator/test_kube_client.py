@@ -523,7 +523,9 @@ def report():
     sys.stdin.readline()
     loaded = sorted(name for name, module in sys.modules.items()
                     if name.split(".")[0] in ("kubernetes", "kubernetes_asyncio") and module is not None)
-    print("LOADED " + json.dumps(loaded), flush=True)
+    # One write of the whole line: the operator's log lines share the pipe, and print() writes the line and its
+    # end separately when output is unbuffered (PYTHONUNBUFFERED), so a log line could land between them.
+    os.write(1, ("LOADED " + json.dumps(loaded) + "\\n").encode())
     os._exit(0)
 
 threading.Thread(target=report, daemon=True).start()
