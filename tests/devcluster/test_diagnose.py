@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from colocgrpo_dev.cluster.diagnose import disk_free, port_owners
+from colocgrpo_dev.cluster.diagnose import disk_free, port_owners, processes
 from support.operator_harness import add_session_probe, session_state, wait_for
 
 # A stand-in control-plane process: named by its port flag like kube-apiserver, listening on it unless told not to.
@@ -37,7 +37,15 @@ def stand_in(tmp_path):
 
     def start(port: int, listen: bool) -> Path:
         process = subprocess.Popen(
-            [sys.executable, "-c", STAND_IN, f"--secure-port={port}", "listen" if listen else "idle"],
+            # Its command line names the cluster's kubeconfig, as Kueue's does: that makes it the cluster's process.
+            [
+                sys.executable,
+                "-c",
+                STAND_IN,
+                f"--secure-port={port}",
+                "listen" if listen else "idle",
+                f"--kubeconfig={tmp_path / 'kubeconfig.yaml'}",
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -73,6 +81,22 @@ def test_a_port_nobody_listens_on_is_named(stand_in) -> None:
     port = _free_port()
     folder = stand_in(port, listen=False)
     assert port_owners(folder, ["kube-apiserver"]) == f"kube-apiserver's {port} not listened on"
+
+
+def test_a_dead_process_is_reported_with_the_end_of_its_log(stand_in) -> None:
+    """A process whose pid file outlives it (Kueue killed mid-session, say) is DEAD, with its log's last lines,
+    Kueue's from its own folder; a live one gets no log lines."""
+    folder = stand_in(_free_port(), listen=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (folder / "pids" / "kueue.pid").write_text(str(gone.pid))
+    (folder / "kueue").mkdir()
+    (folder / "kueue" / "kueue.log").write_text("".join(f"line {i}\n" for i in range(20)) + "setup failed: boom\n")
+    report = processes(folder / "kubeconfig.yaml").splitlines()
+    assert report[0].startswith("cluster health (process state, RSS): kube-apiserver S "), report
+    assert report[0].endswith(", kueue DEAD"), report
+    assert report[2].startswith("--- kueue is dead; its log (last written "), report
+    assert report[3:] == [*(f"line {i}" for i in range(13, 20)), "setup failed: boom"], report
 
 
 def test_disk_free_names_each_file_system(tmp_path) -> None:

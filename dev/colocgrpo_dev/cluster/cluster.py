@@ -342,7 +342,9 @@ def _component_process(kubeconfig: Path, component: str) -> tuple[Path, Path, in
     pid_file = _pid_file(kubeconfig, component)
     pid = int(pid_file.read_text().strip())
     command = [part for part in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if part]
-    if not command or str(folder) not in command[0]:
+    # Ours when its command line names a file of this cluster's folder: kwokctl's processes run its bin/ copies,
+    # Kueue (built elsewhere) reads this cluster's kubeconfig. The slash keeps `<name>-solo`'s processes apart.
+    if not any(f"{folder}/" in part for part in command):
         raise FileNotFoundError(f"pid {pid} of {pid_file} is not this cluster's {component}")
     return folder, pid_file, pid, command
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -141,16 +142,35 @@ def health(kubeconfig: Path) -> str:
 
 def processes(kubeconfig: Path) -> str:
     """Two lines on this `colocgrpo-dev cluster`'s processes: each one's state and memory, whether each listens
-    on its own port, and the free disk space. Reads /proc only (no API call): it answers when the API does not."""
+    on its own port, and the free disk space; then, for each one found dead, the end of its log (`last_words`).
+    Reads /proc and the logs only (no API call): it answers when the API does not."""
     from colocgrpo_dev.cluster.cluster import component_state
 
     folder = Path(kubeconfig).resolve().parent
     names = sorted(p.stem for p in (folder / "pids").glob("*.pid")) if (folder / "pids").is_dir() else []
-    states = ", ".join(f"{name} {component_state(Path(kubeconfig), name) or 'DEAD'}" for name in names)
-    return (
+    found = {name: component_state(Path(kubeconfig), name) for name in names}
+    states = ", ".join(f"{name} {state or 'DEAD'}" for name, state in found.items())
+    report = (
         f"cluster health (process state, RSS): {states or 'no pid files (not a colocgrpo-dev cluster)'}\n"
         f"ports: {port_owners(folder, names)}; {disk_free(folder)}"
     )
+    dead = [last_words(folder, name) for name, state in found.items() if state is None]
+    return "\n".join([report, *dead])
+
+
+def last_words(folder: Path, name: str, lines: int = 8) -> str:
+    """The last `lines` lines of the log of the cluster's process `name` (kwokctl's logs/, or kueue/ for Kueue),
+    for a process found dead: why it ended, or, when its log ends in the middle of ordinary work, that something
+    killed it from outside."""
+    path = folder / "kueue" / "kueue.log" if name == "kueue" else folder / "logs" / f"{name}.log"
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, path.stat().st_size - 64_000))
+            tail = log.read().decode(errors="replace").splitlines()[-lines:]
+        modified = time.strftime("%H:%M:%S", time.localtime(path.stat().st_mtime))
+    except OSError as error:
+        return f"--- {name} is dead; its log: {error.strerror or error}"
+    return f"--- {name} is dead; its log (last written {modified}) ends:\n" + "\n".join(line[:300] for line in tail)
 
 
 def disk_free(*folders: Path) -> str:
