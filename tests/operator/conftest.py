@@ -119,7 +119,14 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
     if report.failed and not _FIRST_FAILURE and session_state():
-        _FIRST_FAILURE.append(f"{item.nodeid} ({report.when}, {time.strftime('%H:%M:%S')}):\n{session_state()}")
+        found = [f"{item.nodeid} ({report.when}, {time.strftime('%H:%M:%S')}):", session_state()]
+        namespace, kube = item.funcargs.get("op_namespace"), item.funcargs.get("kube_cluster")
+        if namespace and kube is not None:
+            from colocgrpo_dev.cluster.diagnose import snapshot
+
+            # The test's pods and events, the nodes and the components' error lines, as the failure left them.
+            found.append(snapshot(Path(kube.kubeconfig), namespace))
+        _FIRST_FAILURE.append("\n".join(found))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
