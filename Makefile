@@ -52,7 +52,7 @@ help:
 	@echo "make lint   - ruff (lint + format check), mypy and a duplicate-code check; make test runs it first"
 	@echo "make images - the operator and trainer images, built with buildah (no Docker daemon) into $(CACHE)/images"
 
-.PHONY: help demo demo-learn lint test test-operator test-kopf-floor test-trainer dev-venv trainer-venv cluster-bin crd clean-cache \
+.PHONY: help demo demo-learn lint test test-operator test-node test-kopf-floor test-trainer dev-venv trainer-venv cluster-bin crd clean-cache \
 	images image-tools
 
 $(DEV_READY):
@@ -133,19 +133,26 @@ lint: dev-venv trainer-venv
 	"$(TRAINER_PY)" -m mypy
 	"$(DEV_PY)" -m pylint --disable=all --enable=duplicate-code operator training dev bench tests
 
-# Lint and the three suites run at once, each suite against a control plane of its own (named
+# Lint and the four suites run at once, each suite against a control plane of its own (named
 # $(TEST_CLUSTER)-<suite>): most of an operator test is waiting on the API server while the trainer's tests keep both
 # cores busy, so together they take about as long as the longest one. Each job's output is printed whole when it
 # ends; every job runs to its end (--keep-going), and any failure fails make test.
 TEST_CLUSTER ?= colocgrpo-test
-TEST_JOBS ?= 4
+TEST_JOBS ?= 5
 
 test:
-	@echo "make test: lint and the operator, kopf-floor and trainer suites run at once ($(TEST_JOBS) jobs); each prints when it ends"
-	$(MAKE) --no-print-directory --output-sync=target --keep-going -j$(TEST_JOBS) lint test-operator test-kopf-floor test-trainer
+	@echo "make test: lint and the operator, node, kopf-floor and trainer suites run at once ($(TEST_JOBS) jobs); each prints when it ends"
+	$(MAKE) --no-print-directory --output-sync=target --keep-going -j$(TEST_JOBS) lint test-operator test-node test-kopf-floor test-trainer
 
-test-operator: dev-venv cluster-bin images
-	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-operator" "$(DEV_PY)" -m pytest tests --ignore=tests/training $(PYTEST_ARGS)
+# Everything but the trainer's tests and the tests that run containers (marker `node`, tests/conftest.py).
+test-operator: dev-venv cluster-bin
+	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-operator" "$(DEV_PY)" -m pytest tests --ignore=tests/training -m "not node" $(PYTEST_ARGS)
+
+# The tests that run containers: the images in a containerd of their own, the real node and the chart's operator
+# on it. A session of its own, so that no container runtime, kubelet or in-cluster operator runs beside the
+# operator suite's shared control plane.
+test-node: dev-venv cluster-bin images
+	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)" "$(DEV_PY)" -m pytest tests --ignore=tests/training -m node $(PYTEST_ARGS)
 
 # The operator tests again on the kopf floor (the pure status-derivation tests do not touch kopf).
 test-kopf-floor: $(FLOOR_READY) cluster-bin

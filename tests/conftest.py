@@ -70,9 +70,25 @@ def namespace(kube_cluster, request) -> Iterator[str]:
     kube_cluster.delete_namespace(name)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Here rather than in pyproject.toml, whose every byte keys the dev venv.
+    config.addinivalue_line(
+        "markers", "node: runs containers (the real node, or the images in a containerd of their own); make test-node"
+    )
+
+
+# Folders whose every test runs containers: the images in a containerd of their own, the chart's operator on the node.
+CONTAINER_FOLDERS = ("images", "e2e")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A test that uses a cluster is a cluster test, marked or not (so `-m "not cluster"` works).
+    # A test that uses a cluster is a cluster test, marked or not (so `-m "not cluster"` works); one that runs
+    # containers is a node test (`make test-node` runs those, `make test-operator` the rest).
+    tests = Path(__file__).resolve().parent
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "kube_cluster" in fixtures or "node_cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)
+        folder = Path(item.path).resolve().relative_to(tests).parts[0] if tests in Path(item.path).parents else ""
+        if "node_cluster" in fixtures or folder in CONTAINER_FOLDERS:
+            item.add_marker(pytest.mark.node)
