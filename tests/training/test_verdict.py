@@ -124,9 +124,9 @@ def test_the_verdicts_message_says_who_failed_where(verdict, message):
 
 SAYER = """
 import sys
-from colocgrpo_training.verdict import say_line
+from colocgrpo_training.console import say_line
 for i in range(300):
-    say_line(f"colocgrpo: DataError: rank {sys.argv[1]} line {i} " + "x" * 900)
+    say_line(f"colocgrpo: DataError: rank {sys.argv[1]} line {i} " + "x" * 900, sys.stderr)
 """
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from colocgrpo_training.agreement import any_rank, barrier, gather
+from colocgrpo_training.console import say_line
 from colocgrpo_training.verdict import AgreedError
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class TerminationRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         self.signal_number = signum
         self.requested.set()
-        print(f"colocgrpo: received signal {signum}; saving a checkpoint at the end of this step", flush=True)
+        say_line(f"colocgrpo: received signal {signum}; saving a checkpoint at the end of this step")
 
 
 def any_rank_requested(local: bool) -> bool:

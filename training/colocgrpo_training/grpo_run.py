@@ -20,6 +20,7 @@ from colocgrpo_training.checkpoints import (
     any_rank_requested,
 )
 from colocgrpo_training.config import TrainerConfig
+from colocgrpo_training.console import say_line
 from colocgrpo_training.data import (
     agree_on_dataset,
     apply_chat_template,
@@ -97,7 +98,7 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
         # some ranks would otherwise leave the others waiting in training's first collective.
         if any_rank_requested(termination.requested.is_set()):
             message = f"stopped by {termination.describe()} before the first step"
-            print(f"colocgrpo: {message}", flush=True)
+            say_line(f"colocgrpo: {message}")
             if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
                 write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
             return EXIT_TERMINATED
@@ -118,7 +119,7 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
             f"stopped by {termination.describe()} at step {run.stop_on_sigterm.stopped_at_step}; "
             f"checkpoint {checkpoint} saved, the next run resumes from it"
         )
-        print(f"colocgrpo: {message}", flush=True)
+        say_line(f"colocgrpo: {message}")
         if trainer.is_local_process_zero():  # one writer per pod (processes share the file)
             write_termination_message(Failure(TERMINATED, message, EXIT_TERMINATED))
         return EXIT_TERMINATED

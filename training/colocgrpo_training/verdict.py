@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
+from colocgrpo_training.console import say_line
 from colocgrpo_training.failures import Failure, classify, write_termination_message
 
 log = logging.getLogger(__name__)
@@ -200,29 +200,10 @@ def report(verdict: Verdict) -> int:
         _PROCESS.reported.set()
     failure = verdict.reported()
     if first:
-        say_line(f"colocgrpo: {failure.reason}: {failure.message}")
+        say_line(f"colocgrpo: {failure.reason}: {failure.message}", sys.stderr)
         write_termination_message(failure)
         _wait_until_seen()
     return failure.exit_code
-
-
-def say_line(text: str) -> None:
-    """Write `text` and its newline to stderr in one write.
-
-    Every rank of a pod shares one stderr, and with PYTHONUNBUFFERED `print` writes the text and the newline apart:
-    two ranks' verdict lines then interleave into one line and an empty one. One write of up to PIPE_BUF bytes (4 KiB
-    on Linux) to a pipe is never interleaved with another."""
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()  # what Python still holds goes first
-    data = (text + "\n").encode(errors="replace")
-    try:
-        written = os.write(sys.stderr.fileno(), data)
-    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's captured stream)
-        print(text, file=sys.stderr, flush=True)
-        return
-    if written < len(data):  # a full pipe takes part of it: the rest follows, as print would do
-        with contextlib.suppress(OSError):
-            os.write(sys.stderr.fileno(), data[written:])
 
 
 def _wait_until_seen() -> None:
