@@ -88,22 +88,14 @@ def worker(file: str, model_dir: str, out: Path) -> None:
     calls, sizes, counting = install_counter()
     import deepspeed
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.integrations import HfDeepSpeedConfig
+    from transformers import AutoConfig
+
+    from bench.zero3_train_step import load_for_zero3, training_file
 
     rank = int(os.environ["RANK"])
     hidden = AutoConfig.from_pretrained(model_dir).hidden_size
-    config = {
-        "zero_optimization": sections(hidden)[file],
-        "train_micro_batch_size_per_gpu": ROWS,
-        "gradient_accumulation_steps": ACCUMULATION,
-        "gradient_clipping": 1.0,
-        "steps_per_print": 1_000_000,
-    }
-    deepspeed.init_distributed(dist_backend="gloo")
-    keep = HfDeepSpeedConfig(config)  # noqa: F841 - from_pretrained builds under zero.Init while it lives
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.config.use_cache = False
+    config = training_file(sections(hidden)[file], ROWS, ACCUMULATION, bf16=False)
+    model, _ds_config = load_for_zero3(model_dir, config, cpu=True)  # _ds_config lives while the model trains
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     engine.train()

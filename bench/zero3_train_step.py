@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.child_process import install_stop_handlers, run_child
 from bench.grpo.sizes import PROMPT_TOKENS, SIZES
@@ -73,27 +74,45 @@ def zero_sections(hidden: int) -> dict[str, dict]:
 FILES = ("plain", "auto", "persist", "persist-nomel", "product")
 
 
-def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> None:
-    import deepspeed
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.integrations import HfDeepSpeedConfig
-
-    size = SIZES["large"]
-    hidden = AutoConfig.from_pretrained(model_dir).hidden_size
-    rows, accumulation = size["per_device_train_batch_size"], size["gradient_accumulation_steps"]
-    config = {
-        "zero_optimization": zero_sections(hidden)[name],
-        "bf16": {"enabled": True},
+def training_file(section: dict[str, Any], rows: int, accumulation: int, bf16: bool) -> dict[str, Any]:
+    """The DeepSpeed file these benchmarks train under: `section` as its zero_optimization, `rows` per micro-batch,
+    `accumulation` micro-batches per optimizer step, clipping at 1.0."""
+    return {
+        "zero_optimization": section,
+        "bf16": {"enabled": bf16},
         "train_micro_batch_size_per_gpu": rows,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": 1.0,
         "steps_per_print": 1_000_000,
     }
-    deepspeed.init_distributed(dist_backend="nccl")
-    keep = HfDeepSpeedConfig(config)  # noqa: F841 - from_pretrained builds under zero.Init while it lives
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+
+
+def load_for_zero3(model_dir: str, config: dict[str, Any], cpu: bool) -> tuple[Any, Any]:
+    """Join the process group (gloo on the CPU, else NCCL) and load the model as ZeRO-3 partitions of `config`, in
+    float32 on the CPU, else bfloat16. Returns the model and transformers' DeepSpeed config object, which must live as
+    long as the model is trained (transformers asks it whether ZeRO-3 is on)."""
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    keep = HfDeepSpeedConfig(config)  # from_pretrained builds under zero.Init while it lives
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32 if cpu else torch.bfloat16)
     model.config.use_cache = False
+    return model, keep
+
+
+def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> None:
+    import deepspeed
+    import torch
+    from transformers import AutoConfig
+
+    size = SIZES["large"]
+    hidden = AutoConfig.from_pretrained(model_dir).hidden_size
+    rows, accumulation = size["per_device_train_batch_size"], size["gradient_accumulation_steps"]
+    config = training_file(zero_sections(hidden)[name], rows, accumulation, bf16=True)
+    model, _ds_config = load_for_zero3(model_dir, config, cpu=False)  # _ds_config lives while the model trains
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=size["learning_rate"], fused=True)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -175,26 +194,15 @@ def variants_worker(
 ) -> None:
     import deepspeed
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.integrations import HfDeepSpeedConfig
+    from transformers import AutoConfig
     from trl.trainer.utils import add_fused_lm_head
 
     size = SIZES["large"]
     hidden = AutoConfig.from_pretrained(model_dir).hidden_size
     micro = size["per_device_train_batch_size"]
     step_rows, generation_rows = variant_rows(size)
-    config = {
-        "zero_optimization": zero_sections(hidden)[file],
-        "bf16": {"enabled": not cpu},
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": size["gradient_accumulation_steps"],
-        "gradient_clipping": 1.0,
-        "steps_per_print": 1_000_000,
-    }
-    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
-    keep = HfDeepSpeedConfig(config)  # noqa: F841 - from_pretrained builds under zero.Init while it lives
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32 if cpu else torch.bfloat16)
-    model.config.use_cache = False
+    config = training_file(zero_sections(hidden)[file], micro, size["gradient_accumulation_steps"], bf16=not cpu)
+    model, _ds_config = load_for_zero3(model_dir, config, cpu)  # _ds_config lives while the model trains
     add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))  # as GRPOTrainer does
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=not cpu)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
