@@ -422,15 +422,19 @@ def worker_command(worker: str, args: argparse.Namespace, work: Path, *extra: st
 
 
 def child_env() -> dict[str, str]:
-    """One training process of its own (a world of one), the checkout first on the path."""
+    """One training process of its own (a world of one) on a free rendezvous port (two benchmarks or tests may run
+    at once), the checkout first on the path."""
+    from colocgrpo_dev.ports import free_port
+
+    checkout = os.pathsep.join(str(REPO / part) for part in ("", "operator", "training", "dev"))
     return dict(
         os.environ,
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="29533",
-        PYTHONPATH=f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{os.environ.get('PYTHONPATH', '')}",
+        MASTER_PORT=str(free_port()),
+        PYTHONPATH=f"{checkout}:{os.environ.get('PYTHONPATH', '')}",
         PYTHONUNBUFFERED="1",
     )
 

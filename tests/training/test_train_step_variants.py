@@ -25,7 +25,7 @@ def test_every_variant_computes_the_baselines_step(tmp_path, tiny_model_dir, tra
     from bench.zero3_train_step import VARIANTS
 
     env = trainer_env(tmp_path)
-    env["PYTHONPATH"] = f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}"
+    env["PYTHONPATH"] = f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{REPO / 'dev'}"
     args = ["--model", str(tiny_model_dir), "--out", str(tmp_path), "--variants", "all", "--cpu"]
     proc = subprocess.run(
         [sys.executable, "-m", "bench.zero3_train_step", *args, "--measured-steps", "2", "--timeout", "400"],

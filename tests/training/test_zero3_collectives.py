@@ -15,12 +15,18 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_two_ranks_with_different_rows_issue_the_same_collectives_and_persistence_cuts_them(tmp_path) -> None:
+def test_two_ranks_with_different_rows_issue_the_same_collectives_and_persistence_cuts_them(
+    tmp_path, trainer_env
+) -> None:
     out = tmp_path / "collectives"
+    env = trainer_env(tmp_path)
+    # The checkout's packages, none of which the trainer venv has installed.
+    env["PYTHONPATH"] = f"{REPO}:{REPO / 'operator'}:{REPO / 'training'}:{REPO / 'dev'}"
     command = [sys.executable, "-m", "bench.zero3_collectives", "--out", str(out), "--world", "2", "--layers", "2"]
     done = subprocess.run(
         [*command, "--hidden", "64", "--files", "auto,persist", "--timeout", "300"],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=700,
