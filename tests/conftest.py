@@ -89,6 +89,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         if "kube_cluster" in fixtures or "node_cluster" in fixtures:
             item.add_marker(pytest.mark.cluster)
-        folder = Path(item.path).resolve().relative_to(tests).parts[0] if tests in Path(item.path).parents else ""
+        path = Path(item.path).resolve()
+        folder = path.relative_to(tests).parts[0] if path.is_relative_to(tests) else ""
         if "node_cluster" in fixtures or folder in CONTAINER_FOLDERS:
             item.add_marker(pytest.mark.node)
