@@ -49,13 +49,6 @@ COUNTED = {
 ROWS, ACCUMULATION, PROMPT_TOKENS, COMPLETION_TOKENS = 4, 2, 16, 48
 
 
-def sections(hidden: int) -> dict[str, dict[str, Any]]:
-    """The ZeRO sections counted: bench.zero3_train_step's, for this hidden size."""
-    from bench.zero3_train_step import zero_sections
-
-    return zero_sections(hidden)
-
-
 def install_counter() -> tuple[Counter[str], Counter[str], list[bool]]:
     """Wrap the counted torch.distributed functions (before DeepSpeed captures any of them): calls and bytes of
     each, counted while the returned flag's first item is True."""
@@ -90,11 +83,11 @@ def worker(file: str, model_dir: str, out: Path) -> None:
     import torch
     from transformers import AutoConfig
 
-    from bench.zero3_train_step import load_for_zero3, training_file
+    from bench.zero3_train_step import load_for_zero3, training_file, zero_sections
 
     rank = int(os.environ["RANK"])
     hidden = AutoConfig.from_pretrained(model_dir).hidden_size
-    config = training_file(sections(hidden)[file], ROWS, ACCUMULATION, bf16=False)
+    config = training_file(zero_sections(hidden)[file], ROWS, ACCUMULATION, bf16=False)
     model, _ds_config = load_for_zero3(model_dir, config, cpu=True)  # _ds_config lives while the model trains
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -129,6 +122,7 @@ def worker(file: str, model_dir: str, out: Path) -> None:
 
 def count_section(file: str, model_dir: Path, work: Path, world: int, timeout: float) -> list[dict[str, Any]]:
     """Run one section at `world` ranks; returns each rank's result."""
+    from bench.zero3_train_step import CHECKOUT_PATH
     from colocgrpo_dev.ports import free_port
 
     work.mkdir(parents=True, exist_ok=True)
@@ -140,7 +134,7 @@ def count_section(file: str, model_dir: Path, work: Path, world: int, timeout: f
         WORLD_SIZE=str(world),
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join(str(REPO / p) for p in ("", "training", "operator", "dev")),
+        PYTHONPATH=CHECKOUT_PATH,
     )
     command = [sys.executable, "-m", "bench.zero3_collectives", "--worker", file, "--model", str(model_dir)]
     processes = []

@@ -45,6 +45,8 @@ from bench.child_process import install_stop_handlers, run_child
 from bench.grpo.sizes import PROMPT_TOKENS, SIZES
 
 REPO = Path(__file__).resolve().parents[1]
+# The checkout's packages for a child's PYTHONPATH (the venvs have none of them installed).
+CHECKOUT_PATH = os.pathsep.join(str(REPO / part) for part in ("", "operator", "training", "dev"))
 
 
 def zero_sections(hidden: int) -> dict[str, dict]:
@@ -426,7 +428,6 @@ def child_env() -> dict[str, str]:
     at once), the checkout first on the path."""
     from colocgrpo_dev.ports import free_port
 
-    checkout = os.pathsep.join(str(REPO / part) for part in ("", "operator", "training", "dev"))
     return dict(
         os.environ,
         RANK="0",
@@ -434,7 +435,7 @@ def child_env() -> dict[str, str]:
         WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
-        PYTHONPATH=f"{checkout}:{os.environ.get('PYTHONPATH', '')}",
+        PYTHONPATH=f"{CHECKOUT_PATH}:{os.environ.get('PYTHONPATH', '')}",
         PYTHONUNBUFFERED="1",
     )
 
