@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 from pathlib import Path
 
@@ -42,15 +43,38 @@ def call_keywords(source: str, func_name: str) -> set[str]:
     return names
 
 
-def dict_literal_keys(source: str, target: str) -> set[str]:
-    """Keys of the dict literal assigned to `target` in `source`."""
-    for node in ast.walk(ast.parse(source)):
-        assigns_target = isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == target for t in node.targets
-        )
-        if assigns_target and isinstance(node.value, ast.Dict):
-            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    raise AssertionError(f"no dict literal assigned to {target!r}")
+def our_engine_kwargs() -> dict:
+    """What `_init_vllm` passes to `LLM(...)` (`engine_kwargs`), for a one-GPU engine."""
+    from colocgrpo_training.generation.vllm_engine import engine_kwargs
+
+    return engine_kwargs(
+        "model",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        max_model_len=512,
+        max_num_seqs=128,
+        enable_sleep_mode=True,
+        enable_prefix_caching=True,
+        model_impl="vllm",
+        seed=0,
+        trust_remote_code=False,
+    )
+
+
+def our_sampling_base(**generation_kwargs) -> dict:
+    """What `generate` passes to `SamplingParams` (`sampling_base`) for TRL's defaults and `logprobs=0`."""
+    from colocgrpo_training.generation.vllm_engine import sampling_base
+
+    return sampling_base(
+        repetition_penalty=1.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=None,
+        max_tokens=64,
+        logprobs=0,
+        generation_kwargs=generation_kwargs,
+    )
 
 
 def params(fn) -> dict[str, inspect.Parameter]:
@@ -217,6 +241,30 @@ def test_deepspeed_gather_and_offload_signatures():
     assert {m.value for m in OffloadStateTypeEnum} == set(Zero3Resident.__dataclass_fields__)
 
 
+def test_the_engine_is_built_from_engine_kwargs_and_samples_from_sampling_base():
+    # The engine's keywords and sampling dict are pure functions, so that bench.generate_profile builds the same
+    # engine and samples the same way; _init_vllm and generate use them and nothing beside them.
+    assert call_keywords(ENGINE_SOURCE, "LLM") == set()  # only **engine_kwargs(...)
+    assert re.search(r"\bLLM\(\s*\*\*engine_kwargs\(", ENGINE_SOURCE)
+    assert "base = sampling_base(" in ENGINE_SOURCE
+    kwargs = our_engine_kwargs()
+    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert kwargs["logprobs_mode"] == "processed_logprobs"
+    assert kwargs["max_num_batched_tokens"] == 4096 and kwargs["max_model_len"] == 512
+    assert our_sampling_base() == {
+        "n": 1,
+        "repetition_penalty": 1.0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "max_tokens": 64,
+        "logprobs": 0,
+    }
+    # generation_kwargs go over TRL's arguments, as in TRL's colocate path.
+    assert our_sampling_base(ignore_eos=True, temperature=0.7)["temperature"] == 0.7
+
+
 # ------------------------------------------------------------------------------- vLLM 0.26
 @pytest.fixture(scope="module")
 def vllm():
@@ -226,7 +274,7 @@ def vllm():
 def test_every_llm_keyword_we_pass_exists(vllm):
     from vllm.engine.arg_utils import EngineArgs
 
-    ours = call_keywords(ENGINE_SOURCE, "LLM")
+    ours = set(our_engine_kwargs())
     explicit = set(params(vllm.LLM.__init__))
     engine_args = {f.name for f in dataclasses.fields(EngineArgs)}
     assert {"distributed_executor_backend", "enable_sleep_mode", "logprobs_mode", "seed"} <= ours
@@ -237,7 +285,7 @@ def test_every_llm_keyword_we_pass_exists(vllm):
 
 
 def test_sampling_params_take_our_keys_and_a_per_request_seed(vllm):
-    keys = dict_literal_keys(ENGINE_SOURCE, "base")
+    keys = set(our_sampling_base(ignore_eos=True))
     fields = set(params(vllm.SamplingParams))
     assert keys <= fields, keys - fields
     sp = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True, seed=(1 << 63) - 1)

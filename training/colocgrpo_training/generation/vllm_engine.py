@@ -65,6 +65,70 @@ def full_nbytes(param: torch.Tensor) -> int:
     return int(numel) * param.element_size()
 
 
+def engine_kwargs(
+    model: str | None,
+    *,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    enable_sleep_mode: bool,
+    enable_prefix_caching: bool,
+    model_impl: str,
+    seed: int,
+    trust_remote_code: bool,
+) -> dict[str, Any]:
+    """The keyword arguments of the engine's `vllm.LLM(...)`: the settings given, and those every engine of ours
+    has (vLLM in the calling process, TRL's batched-token floor, processed log-probs). `ColocatedVLLM` builds its
+    engine from them, and so does `python -m bench.generate_profile`, so that the profile measures this engine."""
+    return {
+        "model": model,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        # Fixed for the engine's life: vLLM cannot switch sleep mode on after it is built.
+        "enable_sleep_mode": enable_sleep_mode,
+        "enable_prefix_caching": enable_prefix_caching,
+        "model_impl": model_impl,
+        "distributed_executor_backend": "external_launcher",
+        "seed": seed,
+        # As TRL: vLLM's profiler is misled by its large default.
+        "max_num_batched_tokens": max(4096, max_model_len or 0),
+        # Log-probs after temperature/logit processing, for TRL's importance-sampling correction.
+        "logprobs_mode": "processed_logprobs",
+        "trust_remote_code": trust_remote_code,
+    }
+
+
+def sampling_base(
+    *,
+    repetition_penalty: float,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float | None,
+    max_tokens: int,
+    logprobs: int | None,
+    generation_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """`SamplingParams`' keyword arguments for one generate, as TRL's colocate path writes them: one completion
+    per prompt, TRL's sampling arguments (`min_p` None is 0), then `generation_kwargs` over them. Structured
+    outputs and per-request seeds are `ColocatedVLLM.generate`'s to add."""
+    base: dict[str, Any] = {
+        "n": 1,
+        "repetition_penalty": repetition_penalty,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": 0.0 if min_p is None else min_p,
+        "max_tokens": max_tokens,
+        "logprobs": logprobs,
+    }
+    base.update(generation_kwargs or {})
+    return base
+
+
 class ColocatedVLLM(VLLMGeneration):
     """vLLM in the training process, under a sleep policy that never generates from stale weights.
 
@@ -191,23 +255,19 @@ class ColocatedVLLM(VLLMGeneration):
 
         start = time.perf_counter()
         self.llm = LLM(
-            model=self.model.name_or_path,
-            tensor_parallel_size=tp,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_length,
-            max_num_seqs=self.max_num_seqs,
-            # Fixed for the engine's life: vLLM cannot switch sleep mode on after it is built.
-            enable_sleep_mode=self.enable_sleep_mode,
-            enable_prefix_caching=self.settings.enable_prefix_caching,
-            model_impl=self.model_impl,
-            distributed_executor_backend="external_launcher",
-            # Building the engine reseeds the process: equal within a TP group.
-            seed=engine_seed(self.seed, acc.process_index, tp),
-            # As TRL: vLLM's profiler is misled by its large default.
-            max_num_batched_tokens=max(4096, self.max_model_length or 0),
-            # Log-probs after temperature/logit processing, for TRL's importance-sampling correction.
-            logprobs_mode="processed_logprobs",
-            trust_remote_code=self.trust_remote_code,
+            **engine_kwargs(
+                self.model.name_or_path,
+                tensor_parallel_size=tp,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_model_len=self.max_model_length,
+                max_num_seqs=self.max_num_seqs,
+                enable_sleep_mode=self.enable_sleep_mode,
+                enable_prefix_caching=self.settings.enable_prefix_caching,
+                model_impl=self.model_impl,
+                # Building the engine reseeds the process: equal within a TP group.
+                seed=engine_seed(self.seed, acc.process_index, tp),
+                trust_remote_code=self.trust_remote_code,
+            )
         )
         log.info(
             "vLLM engine built in %.1fs (policy %s, tp %d)", time.perf_counter() - start, self.sleep_policy.value, tp
@@ -400,17 +460,16 @@ class ColocatedVLLM(VLLMGeneration):
         else:
             sizes, all_prompts, all_images = [len(prompts)], prompts, images
 
-        base: dict[str, Any] = {
-            "n": 1,
-            "repetition_penalty": self.repetition_penalty,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": 0.0 if self.min_p is None else self.min_p,
-            "max_tokens": self.max_completion_length,
-            "logprobs": self.logprobs,
-        }
-        base.update(self.generation_kwargs)
+        base = sampling_base(
+            repetition_penalty=self.repetition_penalty,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            max_tokens=self.max_completion_length,
+            logprobs=self.logprobs,
+            generation_kwargs=self.generation_kwargs,
+        )
         # As TRL's colocate path: the regex option wins over a structured_outputs dict.
         if self.structured_outputs_regex is not None or isinstance(base.get("structured_outputs"), dict):
             from vllm.sampling_params import StructuredOutputsParams
