@@ -43,6 +43,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    detokenize: bool = True  # the stand-in returns token ids only, either way
     extra: dict = field(default_factory=dict)
 
 
