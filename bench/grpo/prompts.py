@@ -69,3 +69,15 @@ def exact_rows(tokenizer: Any, tokens: int, count: int) -> list[dict]:
         {"prompt": [{"role": "user", "content": padded_content(tokenizer, row["prompt"][0]["content"], tokens)}]}
         for row in question_rows(count)
     ]
+
+
+def generation_batch(tokenizer: Any, rows: list[dict], config: dict) -> list[list[int]]:
+    """One generation batch as a training run at `config` (a size of `bench/grpo/sizes.py`) makes it:
+    per_device_train_batch_size x steps_per_generation sequences, the first rows' prompts rendered by the chat
+    template with the generation prompt and tokenized, each `num_generations` times in a row, as TRL repeats them."""
+    sequences = config["per_device_train_batch_size"] * config["steps_per_generation"]
+    prompts = []
+    for row in rows[: sequences // config["num_generations"]]:
+        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return [p for p in prompts for _ in range(config["num_generations"])]

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from bench.grpo.contenders import deepspeed_choice, grpo_kwargs, merges_micro_batches
-from bench.grpo.prompts import exact_rows, question_rows
+from bench.grpo.prompts import exact_rows, generation_batch, question_rows
 from bench.grpo.sizes import MODEL, SIZES
 from bench.grpo.vllm_counters import GenerateRecorder, PreemptionCounter, kv_cache_tokens
 
@@ -306,13 +306,7 @@ def generate_only_run(trainer, rows: list[dict], config: dict, repetitions: int,
     vLLM's `generate` alone. The first call is reported apart (the first push)."""
     import torch
 
-    tokenizer = trainer.processing_class
-    sequences = config["per_device_train_batch_size"] * config["steps_per_generation"]
-    prompts = []
-    for row in rows[: sequences // config["num_generations"]]:
-        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    batch = [p for p in prompts for _ in range(config["num_generations"])]  # as TRL repeats them
+    batch = generation_batch(trainer.processing_class, rows, config)
     engine = trainer.vllm_generation
     timers = time_trl_vllm(trainer) if trl else None
 
