@@ -39,7 +39,8 @@ def completed_deepspeed_config(
     learning_rate: float = 1e-4,
     bf16: bool = True,
 ) -> dict[str, Any]:
-    """deepspeed.json as the operator renders it for `machine_job(gpus, offload_trainer_state)`,
+    """deepspeed.json as the operator renders it for `machine_job(gpus, offload_trainer_state)` training `model`
+    (its ZeRO-3 knobs sized for `model`'s shape),
     completed the way transformers completes it for a run (`HfTrainerDeepSpeedConfig`: the "auto"
     values from TrainingArguments and the model), for drivers that build a DeepSpeed engine
     themselves. With `gpus` > 1 a one-process run takes the code paths a multi-GPU job takes
@@ -51,8 +52,10 @@ def completed_deepspeed_config(
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     from colocgrpo_operator.render import deepspeed_config
+    from colocgrpo_training.planner.shapes import shape_from_mapping
 
-    rendered = deepspeed_config(machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state))
+    shape = shape_from_mapping(model.config.to_dict(), f"{type(model).__name__}'s config")
+    rendered = deepspeed_config(machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state), shape=shape)
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="colocgrpo-deepspeed-"),
         bf16=bf16,

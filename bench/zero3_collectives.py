@@ -4,7 +4,8 @@
 
 The step profile's part that needs no GPU: how many all-gathers, reduce-scatters and all-reduces one optimizer step
 of a ZeRO-3 training side issues, and how many bytes they move, under each ZeRO section `bench.zero3_train_step`
-compares (`auto` is what the operator renders for a multi-GPU job, "auto" values filled as transformers fills them).
+compares (`planned` is what the operator renders for a multi-GPU job, `auto` transformers' "auto" values as
+transformers fills them).
 The count is what the GPU's step time is made of besides the math: every all-gather is a launch, a wait and, for
 parameters ZeRO-3 releases after use, a second fetch in the backward and a third in the checkpointed recompute.
 
@@ -81,13 +82,11 @@ def worker(file: str, model_dir: str, out: Path) -> None:
     calls, sizes, counting = install_counter()
     import deepspeed
     import torch
-    from transformers import AutoConfig
 
-    from bench.zero3_train_step import load_for_zero3, training_file, zero_sections
+    from bench.zero3_train_step import load_for_zero3, model_shape, training_file, zero_sections
 
     rank = int(os.environ["RANK"])
-    hidden = AutoConfig.from_pretrained(model_dir).hidden_size
-    config = training_file(zero_sections(hidden)[file], ROWS, ACCUMULATION, bf16=False)
+    config = training_file(zero_sections(model_shape(model_dir))[file], ROWS, ACCUMULATION, bf16=False)
     model, _ds_config = load_for_zero3(model_dir, config, cpu=True)  # _ds_config lives while the model trains
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--files", default="plain,auto,persist,product", help="ZeRO sections, comma-separated")
+    parser.add_argument("--files", default="plain,auto,planned,persist,product", help="ZeRO sections, comma-separated")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per section")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

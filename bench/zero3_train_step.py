@@ -13,10 +13,11 @@ default). Each file runs in its own process; the report gives the median seconds
 optimizer step and the ratio to the first file.
 
 Files (`FILES`): `plain` is ZeRO-3 with DeepSpeed's defaults (what TRL's docs give);
-`auto` is the operator's render for a multi-GPU job, with transformers' "auto" values
-filled in as transformers fills them (what one-GPU jobs got before the one-GPU render);
-`persist` and `persist-nomel` add one one-GPU knob at a time; `product` is what the
-operator renders for a one-GPU job now.
+`auto` is transformers' "auto" values filled in as transformers fills them (what every job
+got before the planner sized the knobs); `planned` is what the operator renders for a
+multi-GPU job (the planner's knobs, colocgrpo_training/planner/zero3.py); `persist` and
+`persist-nomel` add one one-GPU knob at a time; `product` is what the operator renders for
+a one-GPU job.
 
     python3 -m bench.zero3_train_step --model DIR --out DIR --variants all [--file product]
 
@@ -43,37 +44,53 @@ from typing import Any
 
 from bench.child_process import install_stop_handlers, run_child
 from bench.grpo.sizes import PROMPT_TOKENS, SIZES
+from colocgrpo_training.planner.shapes import ModelShape, shape_from_config
+from colocgrpo_training.planner.zero3 import EVERY_PARAMETER, zero3_knobs
 
 REPO = Path(__file__).resolve().parents[1]
 # The checkout's packages for a child's PYTHONPATH (the venvs have none of them installed).
 CHECKOUT_PATH = os.pathsep.join(str(REPO / part) for part in ("", "operator", "training", "dev"))
 
 
-def zero_sections(hidden: int) -> dict[str, dict]:
-    """The ZeRO sections compared, "auto" values resolved the way transformers resolves them."""
-    from colocgrpo_operator.render.launch_config import EVERY_PARAMETER, one_gpu_zero3
-
-    auto = {
+def zero_sections(shape: ModelShape) -> dict[str, dict]:
+    """The ZeRO sections compared, for a model of `shape`; "auto" values resolved the way transformers resolves
+    them, the operator's knobs as the planner sizes them (colocgrpo_training.planner.zero3)."""
+    h = shape.hidden_size
+    rendered = {
         "stage": 3,
         "overlap_comm": True,
         "contiguous_gradients": True,
-        "reduce_bucket_size": hidden * hidden,
-        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-        "stage3_param_persistence_threshold": 10 * hidden,
         "stage3_max_live_parameters": 1_000_000_000,
         "stage3_max_reuse_distance": 1_000_000_000,
+    }
+
+    def operator(world_size: int) -> dict[str, Any]:
+        knobs = zero3_knobs(shape, world_size=world_size, offload_parameters=False, offload_trainer_state=False)
+        return {**rendered, **knobs.section()}
+
+    auto = {
+        **rendered,
+        "reduce_bucket_size": h * h,
+        "stage3_prefetch_bucket_size": int(0.9 * h * h),
+        "stage3_param_persistence_threshold": 10 * h,
     }
     persist = {"stage": 3, "stage3_param_persistence_threshold": EVERY_PARAMETER}
     return {
         "plain": {"stage": 3},
         "auto": auto,
+        "planned": operator(world_size=2),
         "persist": persist,
         "persist-nomel": {**persist, "memory_efficient_linear": False},
-        "product": {**auto, **one_gpu_zero3()},
+        "product": operator(world_size=1),
     }
 
 
-FILES = ("plain", "auto", "persist", "persist-nomel", "product")
+def model_shape(model_dir: str) -> ModelShape:
+    """The planner's shape of the model in `model_dir` (its config.json)."""
+    return shape_from_config(Path(model_dir) / "config.json")
+
+
+FILES = ("plain", "auto", "planned", "persist", "persist-nomel", "product")
 
 
 def training_file(section: dict[str, Any], rows: int, accumulation: int, bf16: bool) -> dict[str, Any]:
@@ -108,12 +125,10 @@ def load_for_zero3(model_dir: str, config: dict[str, Any], cpu: bool) -> tuple[A
 def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> None:
     import deepspeed
     import torch
-    from transformers import AutoConfig
 
     size = SIZES["large"]
-    hidden = AutoConfig.from_pretrained(model_dir).hidden_size
     rows, accumulation = size["per_device_train_batch_size"], size["gradient_accumulation_steps"]
-    config = training_file(zero_sections(hidden)[name], rows, accumulation, bf16=True)
+    config = training_file(zero_sections(model_shape(model_dir))[name], rows, accumulation, bf16=True)
     model, _ds_config = load_for_zero3(model_dir, config, cpu=False)  # _ds_config lives while the model trains
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=size["learning_rate"], fused=True)
@@ -196,14 +211,13 @@ def variants_worker(
 ) -> None:
     import deepspeed
     import torch
-    from transformers import AutoConfig
     from trl.trainer.utils import add_fused_lm_head
 
     size = SIZES["large"]
-    hidden = AutoConfig.from_pretrained(model_dir).hidden_size
     micro = size["per_device_train_batch_size"]
     step_rows, generation_rows = variant_rows(size)
-    config = training_file(zero_sections(hidden)[file], micro, size["gradient_accumulation_steps"], bf16=not cpu)
+    sections = zero_sections(model_shape(model_dir))
+    config = training_file(sections[file], micro, size["gradient_accumulation_steps"], bf16=not cpu)
     model, _ds_config = load_for_zero3(model_dir, config, cpu)  # _ds_config lives while the model trains
     add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))  # as GRPOTrainer does
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=not cpu)

@@ -78,13 +78,17 @@ PLAIN_DEEPSPEED = {
 }
 
 
-def product_deepspeed(offload_trainer_state: bool = False, gpus: int = 1, tensor_parallel_size: int = 1) -> dict:
+def product_deepspeed(
+    offload_trainer_state: bool = False, gpus: int = 1, tensor_parallel_size: int = 1, model_dir: str | None = None
+) -> dict:
     """deepspeed.json as the operator renders it for a job of one node with `gpus` GPUs (one by
-    default), with or without `vllm.offloadTrainerState` (the `-offload` contenders)."""
+    default), with or without `vllm.offloadTrainerState` (the `-offload` contenders), its ZeRO-3 knobs
+    sized for the model in `model_dir` (its config.json; default the example job's model)."""
     from colocgrpo_operator.render import deepspeed_config
+    from colocgrpo_training.planner.shapes import shape_from_config
 
     job = machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size)
-    return deepspeed_config(job)
+    return deepspeed_config(job, shape=shape_from_config(Path(model_dir) / "config.json") if model_dir else None)
 
 
 def deepspeed_file_key(contender: str) -> str:

@@ -271,16 +271,15 @@ def contender_ladders(
     return ladders
 
 
-def write_deepspeed_files(args: argparse.Namespace, out: Path) -> dict[str, Path]:
-    """Every DeepSpeed file a contender may train under, written into the run's folder, by key."""
+def write_deepspeed_files(args: argparse.Namespace, out: Path, model_dir: str) -> dict[str, Path]:
+    """Every DeepSpeed file a contender may train under, written into the run's folder, by key; the operator's
+    renders sized for the model in `model_dir`."""
     files = {}
+    shaped = {"gpus": args.num_processes, "tensor_parallel_size": args.tp, "model_dir": model_dir}
     for choice, config in (
         ("plain", PLAIN_DEEPSPEED),
-        ("product", product_deepspeed(gpus=args.num_processes, tensor_parallel_size=args.tp)),
-        (
-            "product-offload",
-            product_deepspeed(offload_trainer_state=True, gpus=args.num_processes, tensor_parallel_size=args.tp),
-        ),
+        ("product", product_deepspeed(**shaped)),
+        ("product-offload", product_deepspeed(offload_trainer_state=True, **shaped)),
     ):
         files[choice] = out / f"deepspeed-{choice}.json"
         files[choice].write_text(json.dumps(config, indent=2))
@@ -364,7 +363,7 @@ def run_contenders(args: argparse.Namespace, out: Path) -> int:
         model_info, ladder = made
     ladders = contender_ladders(args, model_info, machine, ladder)
     model_info["utilizations"] = ladders
-    deepspeed_files = write_deepspeed_files(args, out)
+    deepspeed_files = write_deepspeed_files(args, out, model_info["path"])
     results: list[dict] = []
     last_wall = 100.0  # a first guess of one contender's wall time, then the last one's
     run_info = {

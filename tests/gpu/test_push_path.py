@@ -39,7 +39,7 @@ ZERO3_LAYOUT = os.environ.get("COLOCGRPO_PUSH_ZERO3_LAYOUT", "product")
 def _zero_section() -> dict:
     if ZERO3_LAYOUT == "plain":
         return {"stage": 3}
-    from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
+    from colocgrpo_training.planner.zero3 import EVERY_PARAMETER
 
     return {"stage": 3, "stage3_param_persistence_threshold": EVERY_PARAMETER}
 

@@ -20,6 +20,8 @@ from support.planning import plan_from_spec
 
 GIB = 1024**3
 REPO = Path(__file__).resolve().parents[2]
+# Qwen2.5-14B's decoder layer: q, o 5120²; k, v 5120 x 1024 (+ biases); gate, up, down 5120 x 13824; two norms.
+QWEN14B_LAYER = 2 * 5120 * 5120 + 2 * 5120 * 1024 + (5120 + 2 * 1024) + 3 * 5120 * 13824 + 2 * 5120
 
 
 def seed_spec(**vllm) -> dict:
@@ -83,8 +85,9 @@ def test_seed_job_fits_with_numbers():
     # model states in training (DeepSpeed's estimator): 18 x 14,770,033,664 / 8 bytes = 30.95 GiB
     p = 14_770_033_664
     assert term(plan, "training", "optimizer") == 12 * p // 8
-    # the reduce bucket: "auto" = hidden_size^2 = 5120^2 elements x 2 B = 52,428,800 B
-    bucket = 5120 * 5120 * 2
+    # the reduce bucket: one decoder layer, 275,268,608 elements x 2 B = 550,537,216 B
+    bucket = QWEN14B_LAYER * 2
+    assert bucket == 550_537_216
     assert term(plan, "training", "ZeRO-3 gradient bucket") == bucket
     # while vLLM generates, ZeRO-3's buffers between steps, all kept on the GPU: bf16 partitions and
     # gradients 2 + 2, fp32 master + Adam m, v 4 + 8 bytes/param / 8 GPUs, and the bucket
@@ -137,8 +140,8 @@ def test_offload_trainer_state_frees_what_deepspeed_moves_during_generation():
     moved = plan_from_spec(seed_spec(offloadTrainerState=True))
     p = 14_770_033_664
     # offload_states with DeepSpeed's FusedAdam (rendered for the offload) moves every ZeRO-3 buffer:
-    # bf16 partitions 2P/8, bf16 gradients 2P/8, fp32 master 4P/8, Adam m, v 8P/8, and the 5120^2 bucket
-    everything = 2 * p // 8 + 2 * p // 8 + 4 * p // 8 + 8 * p // 8 + 5120 * 5120 * 2
+    # bf16 partitions 2P/8, bf16 gradients 2P/8, fp32 master 4P/8, Adam m, v 8P/8, and the one-layer bucket
+    everything = 2 * p // 8 + 2 * p // 8 + 4 * p // 8 + 8 * p // 8 + QWEN14B_LAYER * 2
     assert moved.trainer_state_offload_gib * GIB == pytest.approx(everything)
     assert (kept.per_gpu_generation_gib - moved.per_gpu_generation_gib) * GIB == pytest.approx(everything)
     for name in ("trainer parameters + gradients", "trainer optimizer", "ZeRO-3 gradient bucket"):
@@ -154,7 +157,7 @@ def test_offload_with_optimizer_on_cpu_moves_only_the_bf16_partitions_and_bucket
     moved = plan_from_spec(spec)
     p = 14_770_033_664
     # DeepSpeed drops hp_params, optim_states and lp_grads from the offload: they live on the CPU already
-    assert moved.trainer_state_offload_gib * GIB == pytest.approx(2 * p // 8 + 5120 * 5120 * 2)
+    assert moved.trainer_state_offload_gib * GIB == pytest.approx(2 * p // 8 + QWEN14B_LAYER * 2)
     assert term(moved, "generation", "trainer parameters + gradients") == 0
 
 
@@ -411,12 +414,13 @@ def test_verdict_is_consistent_with_the_numbers(model, gpus, tp, util, batch, co
 
 @pytest.mark.parametrize(
     "gpus, offload, bucket_elements",
-    [(1, False, 500_000_000), (1, True, 5120 * 5120), (8, False, 5120 * 5120), (8, True, 5120 * 5120)],
+    [(1, False, 500_000_000), (1, True, QWEN14B_LAYER), (8, False, QWEN14B_LAYER), (8, True, QWEN14B_LAYER)],
     ids=["one-gpu", "one-gpu-offload", "eight-gpus", "eight-gpus-offload"],
 )
 def test_bucket_is_what_the_operator_renders(gpus, offload, bucket_elements):
-    """The planner's ZeRO-3 bucket follows render/launch_config.py: DeepSpeed's default for a one-GPU
-    job that keeps its parameters resident, "auto" (transformers: hidden_size^2) elsewhere."""
+    """The planner's ZeRO-3 bucket is the one the operator writes into deepspeed.json: DeepSpeed's default for a
+    one-GPU job that keeps its parameters resident, one decoder layer's parameters elsewhere; `colocgrpo plan`
+    shows it with its reason."""
     import yaml
 
     from colocgrpo_operator.api import parse_job
@@ -425,6 +429,33 @@ def test_bucket_is_what_the_operator_renders(gpus, offload, bucket_elements):
     obj = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
     obj["spec"]["resources"] = {"nodes": 1, "gpusPerNode": gpus}
     obj["spec"]["vllm"].update(tensorParallelSize=1, offloadTrainerState=offload)
-    rendered = deepspeed_config(parse_job(obj))["zero_optimization"]["reduce_bucket_size"]
-    assert rendered == (bucket_elements if gpus == 1 and not offload else "auto")
-    assert term(plan_job(obj), "training", "ZeRO-3 gradient bucket") == 2 * bucket_elements
+    rendered = deepspeed_config(parse_job(obj))["zero_optimization"]
+    assert rendered["reduce_bucket_size"] == bucket_elements
+    memory = plan_job(obj)
+    assert term(memory, "training", "ZeRO-3 gradient bucket") == 2 * bucket_elements
+    assert memory.zero3 is not None and memory.zero3.section().items() <= rendered.items()
+    assert any("reduce_bucket_size" in line and f"{bucket_elements:,}" in line for line in memory.lines())
+    assert memory.to_dict()["zero3"]["knobs"][0] == {
+        "key": "reduce_bucket_size",
+        "value": bucket_elements,
+        "why": memory.zero3.knobs[0].why,
+    }
+
+
+def test_an_unknown_shape_leaves_the_shape_sized_knobs_to_transformers():
+    """A model the planner cannot size (not in its table, no config.json, no parameter count) still renders: the
+    shape-sized knobs are transformers' "auto", which transformers fills once the model is loaded."""
+    import yaml
+
+    from colocgrpo_operator.api import parse_job
+    from colocgrpo_operator.render import deepspeed_config
+
+    obj = yaml.safe_load((REPO / "examples" / "seed-qwen14b-tp4.yaml").read_text())
+    obj["spec"]["model"]["name"] = "/models/an-unknown-model"
+    zero = deepspeed_config(parse_job(obj))["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["stage3_param_persistence_threshold"] == "auto"
+    assert zero["stage3_prefetch_bucket_size"] == "auto"
+    obj["spec"]["model"]["parameterCount"] = 14_770_000_000  # sized from the approximate shape the plan uses too
+    zero = deepspeed_config(parse_job(obj))["zero_optimization"]
+    assert plan_job(obj).zero3.section().items() <= zero.items()
+    assert isinstance(zero["reduce_bucket_size"], int)

@@ -11,8 +11,9 @@ import yaml
 
 from colocgrpo_operator.api import parse_job
 from colocgrpo_operator.render import needs_rendezvous_service, render_children, render_trainer_config
-from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
 from colocgrpo_training.config import TrainerConfig
+from colocgrpo_training.planner.shapes import builtin_shape
+from colocgrpo_training.planner.zero3 import EVERY_PARAMETER
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.36.0"
@@ -169,9 +170,9 @@ def test_zero3_settings_follow_world_size_and_offload(obj, one_gpu):
         assert zero["memory_efficient_linear"] is False
         assert zero["reduce_bucket_size"] == 500_000_000
     else:
-        assert zero["stage3_param_persistence_threshold"] == "auto"
+        assert zero["stage3_param_persistence_threshold"] == 10 * 5120  # Qwen2.5-14B: norms and biases stay whole
         assert "memory_efficient_linear" not in zero  # DeepSpeed's default (True)
-        assert zero["reduce_bucket_size"] == "auto"
+        assert zero["reduce_bucket_size"] == builtin_shape("Qwen2.5-14B").layer_parameters()  # a flush per layer
 
 
 @pytest.mark.parametrize(

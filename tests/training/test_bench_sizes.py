@@ -72,7 +72,7 @@ def test_each_trainer_gets_its_users_deepspeed_file_unless_named():
 
 
 def test_product_deepspeed_file_is_the_operators_one_gpu_render():
-    from colocgrpo_operator.render.launch_config import EVERY_PARAMETER
+    from colocgrpo_training.planner.zero3 import EVERY_PARAMETER
 
     zero = contenders.product_deepspeed()["zero_optimization"]
     assert zero["stage"] == 3
@@ -82,7 +82,7 @@ def test_product_deepspeed_file_is_the_operators_one_gpu_render():
     assert contenders.PLAIN_DEEPSPEED["zero_optimization"] == {"stage": 3}
     # An offloading contender gets the render of an offloading job: ZeRO-3's usual release.
     offloading = contenders.product_deepspeed(offload_trainer_state=True)["zero_optimization"]
-    assert offloading["stage3_param_persistence_threshold"] == "auto"
+    assert offloading["stage3_param_persistence_threshold"] < EVERY_PARAMETER
     assert contenders.deepspeed_file_key("ours-auto-offload") == "product-offload"
     assert contenders.deepspeed_file_key("ours-auto") == "product"
     assert contenders.deepspeed_file_key("trl-sleep") == "plain"
@@ -97,7 +97,7 @@ def test_several_processes_share_the_step_under_the_operators_render_for_their_s
     assert kwargs["per_device_train_batch_size"] * 4 == sizes.CONFIG["per_device_train_batch_size"]
     assert kwargs["vllm_tensor_parallel_size"] == 2 and kwargs["ddp_backend"] == "gloo"
     zero = contenders.product_deepspeed(gpus=4, tensor_parallel_size=2)["zero_optimization"]
-    assert zero["stage3_param_persistence_threshold"] == "auto"  # the multi-GPU render: parameters released
+    assert zero["stage3_param_persistence_threshold"] == 10 * 5120  # the multi-GPU render: parameters released
     parsed = run.parse_args(["--out", "/tmp/bench", "--num-processes", "4", "--tp", "2"])
     assert (parsed.num_processes, parsed.tp) == (4, 2)
     for bad in (["--num-processes", "4", "--tp", "3"], ["--num-processes", "3"]):

@@ -254,8 +254,9 @@ def test_rendered_offload_file_completes_to_deepspeeds_adamw():
         "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
     }
     zero = config["zero_optimization"]
-    assert zero["reduce_bucket_size"] == 32 * 32  # transformers: hidden_size^2
-    assert zero["stage3_param_persistence_threshold"] == 10 * 32  # large parameters released after use
+    # The planner's knobs, sized for this model: a bucket of one decoder layer, large parameters released after use.
+    assert zero["reduce_bucket_size"] == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert zero["stage3_param_persistence_threshold"] == 10 * model.config.hidden_size
     assert config["gradient_accumulation_steps"] == 4 and config["train_micro_batch_size_per_gpu"] == 2
 
 
@@ -277,9 +278,13 @@ def test_offload_memory_driver_plans_the_same_job_and_picks_a_shape_the_host_can
     )
     with_offload = offload_memory.planned(config, 139.8, offload=True)
     without = offload_memory.planned(config, 139.8, offload=False)
-    p, h = shape_params(LARGE_SHAPES["3b"]), LARGE_SHAPES["3b"]["hidden_size"]
-    # one GPU: 16 bytes per parameter and the h^2 bucket move (within the GiB rounding of the plan's figure)
-    assert abs(with_offload["trainer_state_offload_bytes"] - (16 * p + 2 * h * h)) < 2**20
+    p = shape_params(LARGE_SHAPES["3b"])
+    with torch.device("meta"):  # one decoder layer's parameters, counted on the model itself
+        layer = sum(
+            t.numel() for t in transformers.models.llama.modeling_llama.LlamaDecoderLayer(config, 0).parameters()
+        )
+    # one GPU: 16 bytes per parameter and the one-layer bucket move (within the GiB rounding of the plan's figure)
+    assert abs(with_offload["trainer_state_offload_bytes"] - (16 * p + 2 * layer)) < 2**20
     assert with_offload["trainer_kept_during_generation_bytes"] == 0
     # without the offload a one-GPU job keeps its parameters resident: DeepSpeed's 5e8-element bucket
     assert without["trainer_kept_during_generation_bytes"] == 16 * p + 2 * 500_000_000

@@ -15,46 +15,27 @@ import yaml
 from colocgrpo_operator.api.model import ColocGRPOJob
 from colocgrpo_operator.api.naming import CONFIG_MOUNT_DIR, DEEPSPEED_CONFIG_KEY, RENDEZVOUS_PORT, rank0_address
 from colocgrpo_training.config import YAML_DUMPER
-
-# A ZeRO-3 parameter at or under this many elements is never released after use. DeepSpeed's
-# int maximum: every parameter, whatever the model.
-EVERY_PARAMETER = 2**63 - 1
-# DeepSpeed's own default gradient bucket (elements). transformers' "auto" is hidden_size²
-# (16.8M at hidden 4096): ~430 bucket flushes per backward of a 7B model.
-DEEPSPEED_DEFAULT_BUCKET = 500_000_000
+from colocgrpo_training.planner.inputs import resolve_shape
+from colocgrpo_training.planner.shapes import ModelShape, PlanInputError
+from colocgrpo_training.planner.zero3 import Zero3Knobs, zero3_knobs
 
 
-def one_gpu_resident(job: ColocGRPOJob) -> bool:
-    """One training process with its parameters on the GPU, and kept there while vLLM generates.
+def zero3_knobs_of(job: ColocGRPOJob, shape: ModelShape | None = None) -> Zero3Knobs:
+    """The planner's ZeRO-3 knobs for `job` (`colocgrpo_training.planner.zero3`), what `colocgrpo plan` shows.
 
-    Then every ZeRO-3 "partition" is a whole parameter, so ZeRO-3 saves no memory and its
-    machinery is pure overhead, most of it on the CPU (the profile at 7.18B: the GPU
-    was busy ~1.0 s of a ~3 s train-only step). The knobs `one_gpu_zero3` sets remove what
-    can be removed without leaving ZeRO-3 (the checkpoints, the weight push and
-    `zeroStage` keep meaning what they mean for larger jobs).
-
-    Not with `vllm.offloadTrainerState`: DeepSpeed's offload_states moves each parameter's
-    partition but not a resident parameter's own view of it, so the GPU copy would stay
-    alive (nothing offloaded) and reload_states would allocate a second one beside it.
-    """
-    return (
-        job.world_size == 1 and job.spec.deepspeed.offload_params == "none" and not job.spec.vllm.offload_trainer_state
+    The model's shape is `shape` when given, else the built-in table's, a config.json's at `spec.model.name` when that
+    is a folder here, or `spec.model.parameterCount`'s; without any, the shape-sized knobs are transformers' `auto`."""
+    if shape is None:
+        try:
+            shape = resolve_shape(job.spec.model.name, job.spec.model.parameter_count, None)[0]
+        except PlanInputError:
+            shape = None
+    return zero3_knobs(
+        shape,
+        world_size=job.world_size,
+        offload_parameters=job.spec.deepspeed.offload_params != "none",
+        offload_trainer_state=job.spec.vllm.offload_trainer_state,
     )
-
-
-def one_gpu_zero3() -> dict[str, Any]:
-    return {
-        # Keep every parameter resident: releasing saves nothing here, and each re-fetch
-        # ends in a CUDA stream synchronize (DeepSpeed 0.19's no-gather handle), three
-        # times per micro-batch (forward, checkpoint recompute, backward).
-        "stage3_param_persistence_threshold": EVERY_PARAMETER,
-        # DeepSpeed's replacement for F.linear (a Python autograd function, installed for
-        # the whole process — vLLM's layers included) only avoids keeping weights alive for
-        # the backward pass, and here they are alive anyway.
-        "memory_efficient_linear": False,
-        # Nothing is communicated with one process: a bucket is only a flush.
-        "reduce_bucket_size": DEEPSPEED_DEFAULT_BUCKET,
-    }
 
 
 # DeepSpeed's own AdamW, its hyperparameters filled by transformers from GRPOConfig (learning_rate,
@@ -76,7 +57,14 @@ def deepspeed_optimizer(job: ColocGRPOJob) -> dict[str, Any] | None:
     return None
 
 
-def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
+def deepspeed_config(job: ColocGRPOJob, *, shape: ModelShape | None = None) -> dict[str, Any]:
+    """The job's deepspeed.json as a dict.
+
+    Args:
+        job: a validated job.
+        shape: the model's shape, for a caller that knows it better than the job's model name tells (a benchmark's
+            model built on the machine); the ZeRO-3 knobs are sized from it (`zero3_knobs_of`).
+    """
     deepspeed = job.spec.deepspeed
     zero: dict[str, Any] = {
         "stage": deepspeed.zero_stage,
@@ -89,16 +77,13 @@ def deepspeed_config(job: ColocGRPOJob) -> dict[str, Any]:
         zero.update(
             {
                 "offload_param": {"device": deepspeed.offload_params, "pin_memory": True},
-                "stage3_prefetch_bucket_size": "auto",
-                "stage3_param_persistence_threshold": "auto",
                 "stage3_max_live_parameters": 1_000_000_000,
                 "stage3_max_reuse_distance": 1_000_000_000,
                 # Needed to save the final model as a Hugging Face checkpoint from ZeRO-3 shards.
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
-        if one_gpu_resident(job):
-            zero.update(one_gpu_zero3())
+        zero.update(zero3_knobs_of(job, shape).section())
     config: dict[str, Any] = {
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},

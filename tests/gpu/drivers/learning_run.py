@@ -100,14 +100,20 @@ def launch_files(
     next to a deepspeed_config_file, and so does the rendering: precision lives in GRPOConfig."""
     try:
         from colocgrpo_operator.render import accelerate_config, deepspeed_config
+        from colocgrpo_training.planner.shapes import shape_from_config
 
         job = machine_job(
             gpus=num_processes, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size
         )
-        ds, acc = deepspeed_config(job), accelerate_config(job)
+        # The ZeRO-3 knobs sized for the model trained (the example job's model where it has no config here).
+        config = Path(MODEL) / "config.json"
+        shape = shape_from_config(config) if config.is_file() else None
+        ds, acc = deepspeed_config(job, shape=shape), accelerate_config(job)
         source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs, TP {tensor_parallel_size}"
         if render_gpus is not None and render_gpus != num_processes:
-            ds = deepspeed_config(machine_job(gpus=render_gpus, offload_trainer_state=offload_trainer_state))
+            ds = deepspeed_config(
+                machine_job(gpus=render_gpus, offload_trainer_state=offload_trainer_state), shape=shape
+            )
             source += f" (deepspeed.json rendered for 1 node x {render_gpus} GPUs)"
     except Exception as err:
         ds = FALLBACK_DEEPSPEED

@@ -86,17 +86,6 @@ def model_states(
     return ModelStates(2 * p, 6 * p, 12 * p, 0)
 
 
-# DeepSpeed's reduce_bucket_size default (elements); the operator renders it for a one-GPU job whose
-# parameters stay on the GPU (render/launch_config.py `one_gpu_zero3`). Elsewhere it renders "auto", which
-# transformers fills with hidden_size**2.
-DEEPSPEED_DEFAULT_BUCKET_ELEMENTS = 500_000_000
-
-
-def zero3_bucket_elements(hidden_size: int, one_gpu_resident: bool) -> int:
-    """reduce_bucket_size as the operator renders it: the size of ZeRO-3's contiguous gradient bucket."""
-    return DEEPSPEED_DEFAULT_BUCKET_ELEMENTS if one_gpu_resident else hidden_size * hidden_size
-
-
 @dataclasses.dataclass(frozen=True)
 class Zero3Resident:
     """What a ZeRO-3 engine holds on the GPU between optimizer steps, buffer by buffer, as DeepSpeed 0.19

@@ -18,6 +18,7 @@ from colocgrpo_training.config import SleepPolicy
 from colocgrpo_training.planner import formulas as f
 from colocgrpo_training.planner.inputs import PlanInputs
 from colocgrpo_training.planner.merge import MicroBatchMerge
+from colocgrpo_training.planner.zero3 import Zero3Knobs, zero3_knobs
 
 GIB = f.GIB
 # Below this much free memory per GPU a plan that "fits" is flagged as tight: allocator fragmentation and
@@ -64,6 +65,8 @@ class MemoryPlan:
     trainer_state_offload_gib: float = 0.0
     # The training micro-batch the trainer would run (micro_batches.py), planned against this GPU; None: not planned.
     micro_batches: MicroBatchMerge | None = None
+    # ZeRO-3's knobs the operator writes into deepspeed.json (zero3.py); None: not ZeRO-3.
+    zero3: Zero3Knobs | None = None
 
     # -- presentation -------------------------------------------------------------------------------------
 
@@ -99,6 +102,8 @@ class MemoryPlan:
                     detail = f"  ({term.detail})" if term.detail else ""
                     out.append(f"  {term.name:<44} {term.gib:8.2f} GiB{detail}")
             out.append(f"  {'total':<44} {total:8.2f} GiB")
+        if self.zero3 is not None:
+            out += self.zero3.lines()
         if self.micro_batches is not None:
             out.append(self.micro_batches.message())
             for factor, peak in self.micro_batches.peaks_gib:
@@ -132,6 +137,7 @@ class MemoryPlan:
             "utilizationRange": list(self.utilization_range) if self.utilization_range else None,
             "trainerStateOffloadGiB": r(self.trainer_state_offload_gib),
             "microBatches": self.micro_batches.to_dict() if self.micro_batches is not None else None,
+            "zero3": self.zero3.to_dict() if self.zero3 is not None else None,
             "parameterCount": self.inputs.parameter_count if self.inputs else None,
             "shapeSource": self.inputs.shape.source if self.inputs else None,
             "approximate": bool(self.inputs and self.inputs.shape.approximate),
@@ -181,15 +187,13 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
 
     states = f.model_states(p, s.largest_layer_parameters(), n, i.zero_stage, i.offload_optimizer, i.offload_parameters)
     resident = None
+    knobs = None
     if i.zero_stage == 3:
-        one_gpu_resident = n == 1 and not i.offload_parameters and not i.offload_trainer_state
+        knobs = zero3_knobs(
+            s, world_size=n, offload_parameters=i.offload_parameters, offload_trainer_state=i.offload_trainer_state
+        )
         resident = f.zero3_resident(
-            p,
-            n,
-            a,
-            i.offload_optimizer,
-            i.offload_parameters,
-            f.zero3_bucket_elements(s.hidden_size, one_gpu_resident),
+            p, n, a, i.offload_optimizer, i.offload_parameters, knobs.bucket_elements(s.hidden_size)
         )
     # ZeRO-3 with the optimizer on the GPU: a backward fills the 16-bit gradient partitions, and the step makes
     # fp32 gradients one sub-group at a time once the activations are gone (formulas.zero3_step_bytes).
@@ -250,7 +254,14 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
         )
     if resident is not None:
         bucket = resident.contiguous_grad_buffer
-        terms.append(Term("training", "ZeRO-3 gradient bucket", bucket, f"reduce_bucket_size {bucket // a:,} x {a} B"))
+        terms.append(
+            Term(
+                "training",
+                "ZeRO-3 gradient bucket",
+                bucket,
+                f"reduce_bucket_size {bucket // a:,} x {a} B (ZeRO-3 knobs)",
+            )
+        )
     if reference:
         terms.append(Term("training", "reference model (beta > 0)", reference, "16-bit weights"))
     terms += [
@@ -413,6 +424,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
         summary=summary,
         inputs=i,
         trainer_state_offload_gib=offloaded / GIB,
+        zero3=knobs,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,12 +191,19 @@ def shape_from_config(config_path: Path) -> ModelShape:
         raise PlanInputError(field, f"cannot read {config_path}: {exc}") from None
     if not isinstance(data, dict):
         raise PlanInputError(field, f"{config_path} is not a JSON object")
+    return shape_from_mapping(data, f"config.json ({config_path})")
+
+
+def shape_from_mapping(data: Mapping[str, Any], source: str) -> ModelShape:
+    """A Hugging Face model config as a dict (config.json's content, or `PretrainedConfig.to_dict()`); `source`
+    names it in the plan and in errors."""
+    field = "spec.model.nameOrPath"
     text_config = data.get("text_config")
-    text: dict[str, Any] = text_config if isinstance(text_config, dict) else data
+    text: Mapping[str, Any] = text_config if isinstance(text_config, dict) else data
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [key for key in required if not isinstance(text.get(key), int)]
     if missing:
-        raise PlanInputError(field, f"{config_path} lacks integer {', '.join(missing)}; cannot derive the shape")
+        raise PlanInputError(field, f"{source} lacks integer {', '.join(missing)}; cannot derive the shape")
     model_type = str(text.get("model_type", data.get("model_type", "")))
     qkv_bias = bool(text.get("attention_bias", model_type.startswith("qwen2")))
     return ModelShape(
@@ -211,7 +219,7 @@ def shape_from_config(config_path: Path) -> ModelShape:
         max_position_embeddings=(
             text["max_position_embeddings"] if isinstance(text.get("max_position_embeddings"), int) else None
         ),
-        source=f"config.json ({config_path})",
+        source=source,
     )
 
 
