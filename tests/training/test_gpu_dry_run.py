@@ -134,3 +134,18 @@ def test_a_seed_size_pair_against_trls_best_runs_on_cpu(tmp_path, tiny_model_dir
     rows, left_out = pair_table.pair_rows([("pair-1.json", run)])
     (row,) = rows
     assert not left_out and row["trl_best"] and row["size"] == "seed-cpu"
+
+
+def test_the_generate_profile_part_runs_on_cpu_and_returns_its_files(tmp_path, tiny_model_dir, trainer_env):
+    """`PARTS=gen-profile` as a CPU dry run: bench.generate_profile with the stand-in, its table in the summary,
+    its report and op tables among the few files the machine returns."""
+    out = tmp_path / "out"
+    env = dry_run_env(trainer_env, tmp_path, tiny_model_dir, PARTS="gen-profile", GEN_PROFILE_REPS="1")
+    returncode, console = run_script(env, tmp_path)
+    summary = (out / "summary.txt").read_text()
+    assert returncode == 0, f"{summary}\n{console[-3000:]}\n{(out / 'gen-profile.log').read_text()[-3000:]}"
+    assert re.search(r"^gen-profile: rc=0 ", summary, re.M), summary
+    assert "| trainer | measured | 1 |" in summary and "CPU DRY RUN" in summary
+    report = json.loads((out / "generate_profile.json").read_text())
+    assert report["cpu_dry_run"] and all(v["status"] == "measured" for v in report["variants"].values())
+    assert "self_cpu_time_total" in (out / "generate_profile_ops.txt").read_text()

@@ -17,6 +17,7 @@
 #   PARTS=pair SIZE=seed PAIR=ours-auto,trl-best PAIR_INDEX=K DEADLINE_S=588 bash ...
 #                                                                    # one seed-shaped pair (512 + 1,024 tokens, ~7-8 min)
 #   PARTS=gen-compare bash tests/gpu/drivers/run_on_device.sh        # ~7B generate-only, both trainers (≤ 9 min)
+#   PARTS=gen-profile bash tests/gpu/drivers/run_on_device.sh        # where one large-size generate goes (≤ 4.5 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
 # Trainer-state offload and the ZeRO-3 gather path, one call each (each ≤ 9 min alone):
@@ -40,6 +41,7 @@
 #   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
 #   integrity.log learning.log bench.log   each part's console output (tail-capped)
 #   pair-K.json        PARTS=pair: that run's bench.json (for bench/pair_table.py)
+#   generate_profile.json generate_profile_ops.txt   PARTS=gen-profile: the report and its profiler op tables
 # Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for python -m bench.grpo
 # (e.g. LEARN_ARGS="--steps 60", BENCH_ARGS="--contenders trl-sleep,ours-auto").
 # Work files live in $WORK (default /tmp/gpu-work). Every part has a hard time limit and the
@@ -272,6 +274,21 @@ if [[ ",$PARTS," == *",gen-compare,"* ]]; then
     --contenders "${GEN_CONTENDERS:-ours-auto,trl-sleep}" --generate-only "${GEN_REPS:-8}" \
     --budget-seconds $(( left - 150 )) --contender-timeout "${GEN_TIMEOUT:-200}" "${SHAPE_ARGS[@]}" ${GEN_ARGS:-}
   [[ -f "$WORK/gen-compare/bench.md" ]] && cat "$WORK/gen-compare/bench.md" >>"$SUMMARY"
+fi
+
+if [[ ",$PARTS," == *",gen-profile,"* ]]; then
+  # Where one short generate goes (bench/generate_profile.py): the trainer's engine on the large size's model (made
+  # if absent, ~1 min), the pair bench's 128 sequences x 64 tokens with one thing taken out at a time, each against
+  # the decode floor, and one profiled generate (~4 min on a fresh machine). No variant starts past its budget.
+  left=$(( DEADLINE_S - ($(date +%s) - T0) - 20 ))
+  limit=$(( left < ${GEN_PROFILE_LIMIT:-270} ? left : ${GEN_PROFILE_LIMIT:-270} ))
+  profile_size=(--size large); [[ "$CPU" == 1 ]] && profile_size=(--cpu)
+  run_part gen-profile "$limit" "$PY" -m bench.generate_profile "${profile_size[@]}" --out "$WORK/gen-profile" \
+    --reps "${GEN_PROFILE_REPS:-5}" --budget-seconds $(( limit - 40 )) ${GEN_PROFILE_ARGS:-}
+  [[ -f "$WORK/gen-profile/generate_profile.md" ]] && cat "$WORK/gen-profile/generate_profile.md" >>"$SUMMARY"
+  for name in generate_profile.json generate_profile_ops.txt; do
+    [[ -f "$WORK/gen-profile/$name" ]] && cp "$WORK/gen-profile/$name" "$OUT/$name"
+  done
 fi
 
 # -- trainer-state offload and the ZeRO-3 gather path: one call each (each part fits 560 s alone) --
