@@ -260,9 +260,14 @@ def test_the_engine_is_built_from_engine_kwargs_and_samples_from_sampling_base()
         "min_p": 0.0,
         "max_tokens": 64,
         "logprobs": 0,
+        "detokenize": False,  # the trainer reads token ids and log-probs only
     }
     # generation_kwargs go over TRL's arguments, as in TRL's colocate path.
     assert our_sampling_base(ignore_eos=True, temperature=0.7)["temperature"] == 0.7
+    # Stop strings need the text: vLLM detokenizes then, and so does a request that asks for it.
+    assert our_sampling_base(stop=["</answer>"])["detokenize"] is True
+    assert our_sampling_base(stop=[])["detokenize"] is False
+    assert our_sampling_base(detokenize=True)["detokenize"] is True
 
 
 # ------------------------------------------------------------------------------- vLLM 0.26

@@ -114,7 +114,12 @@ def sampling_base(
 ) -> dict[str, Any]:
     """`SamplingParams`' keyword arguments for one generate, as TRL's colocate path writes them: one completion
     per prompt, TRL's sampling arguments (`min_p` None is 0), then `generation_kwargs` over them. Structured
-    outputs and per-request seeds are `ColocatedVLLM.generate`'s to add."""
+    outputs and per-request seeds are `ColocatedVLLM.generate`'s to add.
+
+    Unlike TRL, vLLM does not detokenize (`detokenize=False`) unless `generation_kwargs` asks for stop strings,
+    which need the text, or sets `detokenize` itself: the trainer reads token ids and log-probs only (TRL decodes
+    the completions itself), and vLLM's incremental detokenization took 30 % of a short generate's time on an H100
+    (docs/benchmarks/gpu.md, "Where a short generate goes")."""
     base: dict[str, Any] = {
         "n": 1,
         "repetition_penalty": repetition_penalty,
@@ -126,6 +131,7 @@ def sampling_base(
         "logprobs": logprobs,
     }
     base.update(generation_kwargs or {})
+    base.setdefault("detokenize", bool(base.get("stop")))
     return base
 
 
