@@ -17,7 +17,8 @@ wake or push resets it):
 
 - `trainer`: the trainer's sampling;
 - `no-logprobs`: without the sampled tokens' log-probs (`logprobs=None`);
-- `no-detokenize`: without detokenization (`detokenize=False`; the trainer reads token ids only);
+- `detokenize`: with vLLM's detokenization (`detokenize=True`, TRL's default; the trainer reads token ids only and
+  turns it off);
 - `greedy`: temperature 0 (argmax: no top-k/top-p sampler, no log-softmax);
 - `prefill-only`: one token per sequence (`max_tokens=1`): the prefill and one sampling step;
 - `after-wake`: the trainer's sampling right after a level-1 sleep and a wake as the controller wakes (weights,
@@ -56,12 +57,12 @@ from bench.grpo.model import model_dir
 from bench.grpo.sizes import MODEL, SIZES
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("trainer", "no-logprobs", "no-detokenize", "greedy", "prefill-only", "after-wake")
+VARIANTS = ("trainer", "no-logprobs", "detokenize", "greedy", "prefill-only", "after-wake")
 # What each variant changes in the trainer's sampling.
 VARIANT_CHANGES: dict[str, dict[str, Any]] = {
     "trainer": {},
     "no-logprobs": {"logprobs": None},
-    "no-detokenize": {"detokenize": False},
+    "detokenize": {"detokenize": True},
     "greedy": {"temperature": 0.0},
     "prefill-only": {"max_tokens": 1},
     "after-wake": {},
@@ -145,15 +146,16 @@ def differences(variants: dict[str, dict[str, Any]]) -> dict[str, float]:
     by that much), and the decode's share: the trainer's generate less the prefill-only one."""
     median = {name: v["median_s"] for name, v in variants.items() if v.get("status") == "measured" and "median_s" in v}
     out: dict[str, float] = {}
+    # What each costs: the variant with it less the variant without it.
     pairs = {
-        "logprobs_s": "no-logprobs",
-        "detokenize_s": "no-detokenize",
-        "sampling_s": "greedy",
+        "logprobs_s": ("trainer", "no-logprobs"),
+        "detokenize_s": ("detokenize", "trainer"),
+        "sampling_s": ("trainer", "greedy"),
     }
     if "trainer" in median:
-        for key, other in pairs.items():
-            if other in median:
-                out[key] = median["trainer"] - median[other]
+        for key, (slower, faster) in pairs.items():
+            if slower in median and faster in median:
+                out[key] = median[slower] - median[faster]
         if "prefill-only" in median:
             out["prefill_and_first_token_s"] = median["prefill-only"]
             out["decode_after_first_token_s"] = median["trainer"] - median["prefill-only"]

@@ -9,7 +9,9 @@ import pytest
 from bench import generate_profile as gp
 
 # The trainer's sampling as bench.generate_profile writes it (its keys checked on CPU in tests/training/).
-TRAINER = dict(n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=64, logprobs=0, ignore_eos=True)
+TRAINER = dict(
+    n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=64, logprobs=0, ignore_eos=True, detokenize=False
+)
 
 
 @pytest.mark.parametrize(
@@ -18,7 +20,7 @@ TRAINER = dict(n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=6
         ("trainer", {}),
         ("after-wake", {}),  # the same sampling, after a sleep and a wake
         ("no-logprobs", {"logprobs": None}),
-        ("no-detokenize", {"detokenize": False}),
+        ("detokenize", {"detokenize": True}),
         ("greedy", {"temperature": 0.0}),
         ("prefill-only", {"max_tokens": 1}),
     ],
@@ -26,7 +28,7 @@ TRAINER = dict(n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=6
 def test_each_variant_changes_one_thing_of_the_trainers_sampling(variant, changed):
     sampling = gp.variant_sampling(variant, TRAINER)
     assert {k: v for k, v in sampling.items() if TRAINER.get(k, "absent") != v} == changed
-    assert TRAINER["logprobs"] == 0 and "detokenize" not in TRAINER  # the base is never changed in place
+    assert TRAINER["logprobs"] == 0 and TRAINER["detokenize"] is False  # the base is never changed in place
 
 
 def test_every_variant_is_listed_once():
@@ -81,7 +83,7 @@ def test_timing_summary_and_the_differences_between_variants():
     variants = {
         "trainer": measured(0.6, tokens_per_sequence=64),
         "no-logprobs": measured(0.5),
-        "no-detokenize": measured(0.55),
+        "detokenize": measured(0.65),
         "greedy": measured(0.4),
         "prefill-only": measured(0.09),
         "after-wake": measured(0.7, later={"median_s": 0.6}),

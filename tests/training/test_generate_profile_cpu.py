@@ -40,7 +40,7 @@ def test_the_cpu_dry_run_times_every_variant_against_the_floor(tmp_path, trainer
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "generate_profile.json").read_text())
     assert report["cpu_dry_run"] and report["size"] == "cpu" and report["model"]["path"] == str(tiny_model_dir)
-    assert report["order"] == ["trainer", "no-logprobs", "no-detokenize", "greedy", "prefill-only", "after-wake"]
+    assert report["order"] == ["trainer", "no-logprobs", "detokenize", "greedy", "prefill-only", "after-wake"]
     batch = report["batch"]
     assert batch["sequences"] == 32 and batch["completion_tokens"] == 8  # the cpu size: 16 x 2, 8 tokens
     for name in report["order"]:
@@ -57,7 +57,8 @@ def test_the_cpu_dry_run_times_every_variant_against_the_floor(tmp_path, trainer
     assert trainer["sampling"] == report["sampling"]
     assert report["sampling"]["logprobs"] == 0 and report["sampling"]["ignore_eos"] is True
     assert trainer["logprobs_returned"] and not report["variants"]["no-logprobs"]["logprobs_returned"]
-    assert report["variants"]["no-detokenize"]["sampling"]["detokenize"] is False
+    assert report["variants"]["detokenize"]["sampling"]["detokenize"] is True
+    assert report["variants"]["trainer"]["sampling"]["detokenize"] is False  # the trainer's own sampling
     assert report["variants"]["greedy"]["sampling"]["temperature"] == 0.0
     wake = report["variants"]["after-wake"]
     assert wake["later"]["reps"] == 2 and wake["sleep_s"]["reps"] == wake["wake_s"]["reps"] == 2
