@@ -131,8 +131,7 @@ def grpo_kwargs(
         steps_per_generation=config["steps_per_generation"],
         learning_rate=config["learning_rate"],
         temperature=config.get("temperature", 1.0),  # 1.0: TRL's default
-        # A random model could still sample the end-of-sequence token: `full_length` rules it out.
-        generation_kwargs={"ignore_eos": True} if config.get("full_length") else None,
+        generation_kwargs=generation_kwargs(contender, config),
         max_steps=steps,
         beta=0.0,
         bf16=not cpu,
@@ -152,6 +151,18 @@ def grpo_kwargs(
         # without DeepSpeed one process needs no process group.
         ddp_backend="gloo" if cpu and deepspeed_choice(contender) != "none" else None,
     )
+
+
+def generation_kwargs(contender: str, config: dict) -> dict | None:
+    """GRPOConfig's generation_kwargs (vLLM's SamplingParams beyond TRL's own). A random model could still sample the
+    end-of-sequence token: a size's `full_length` rules it out. trl-best turns vLLM's detokenization off, as our
+    trainer does: TRL decodes the completions from their token ids itself, so its output is the same."""
+    kwargs: dict = {}
+    if config.get("full_length"):
+        kwargs["ignore_eos"] = True
+    if contender.partition("@")[0] == "trl-best":
+        kwargs["detokenize"] = False
+    return kwargs or None
 
 
 def pair_order(pair: list[str], index: int) -> list[str]:
