@@ -83,12 +83,13 @@ def product_deepspeed(
 ) -> dict:
     """deepspeed.json as the operator renders it for a job of one node with `gpus` GPUs (one by
     default), with or without `vllm.offloadTrainerState` (the `-offload` contenders), its ZeRO-3 knobs
-    sized for the model in `model_dir` (its config.json; default the example job's model)."""
+    sized for the model in `model_dir` (its config.json; without one, the example job's model)."""
     from colocgrpo_operator.render import deepspeed_config
     from colocgrpo_training.planner.shapes import shape_from_config
 
     job = machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size)
-    return deepspeed_config(job, shape=shape_from_config(Path(model_dir) / "config.json") if model_dir else None)
+    config = Path(model_dir) / "config.json" if model_dir else None
+    return deepspeed_config(job, shape=shape_from_config(config) if config and config.is_file() else None)
 
 
 def deepspeed_file_key(contender: str) -> str:

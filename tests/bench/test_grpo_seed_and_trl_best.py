@@ -32,7 +32,10 @@ def test_trl_best_is_trls_trainer_with_sleep_fp32_and_ours_merge():
     assert not contenders.merges_micro_batches("trl-sleep@product")
     kwargs = contenders.grpo_kwargs("trl-best", Path("out"), 3, config=sizes.SIZES["large"], util=0.17)
     assert kwargs["vllm_enable_sleep_mode"] is True
-    assert kwargs == contenders.grpo_kwargs("trl-sleep@product", Path("out"), 3, config=sizes.SIZES["large"], util=0.17)
+    trl_sleep = contenders.grpo_kwargs("trl-sleep@product", Path("out"), 3, config=sizes.SIZES["large"], util=0.17)
+    # TRL's own switch for what ours does: vLLM does not detokenize (TRL decodes the token ids itself).
+    assert kwargs.pop("generation_kwargs") == {"detokenize": False} and trl_sleep.pop("generation_kwargs") is None
+    assert kwargs == trl_sleep
 
 
 def test_the_seed_size_is_the_seed_recipes_shape_on_one_gpu():
@@ -47,7 +50,8 @@ def test_the_seed_size_is_the_seed_recipes_shape_on_one_gpu():
     # A random model could still sample the end-of-sequence token: vLLM ignores it, every completion is full.
     assert kwargs["generation_kwargs"] == {"ignore_eos": True} and kwargs["temperature"] == 0.7
     assert contenders.grpo_kwargs("trl-best", Path("out"), 4, config=SEED, util=0.2)["generation_kwargs"] == {
-        "ignore_eos": True
+        "ignore_eos": True,
+        "detokenize": False,
     }
     # The short sizes keep TRL's defaults.
     small = contenders.grpo_kwargs("ours-auto", Path("out"), 4)
