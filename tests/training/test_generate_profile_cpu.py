@@ -25,11 +25,10 @@ def profile_env(trainer_env, tmp_path: Path, model: Path) -> dict[str, str]:
     return env
 
 
-def test_the_cpu_dry_run_times_every_variant_against_the_floor(tmp_path, trainer_env, tiny_model_dir):
-    out = tmp_path / "profile"
-    env = profile_env(trainer_env, tmp_path, tiny_model_dir)
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.generate_profile", "--cpu", "--out", str(out), "--reps", "2"],
+def run_profile(env: dict[str, str], out, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m bench.generate_profile --cpu --out OUT ARGS...` in the trainer venv, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.generate_profile", "--cpu", "--out", str(out), *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -37,6 +36,11 @@ def test_the_cpu_dry_run_times_every_variant_against_the_floor(tmp_path, trainer
         timeout=900,
         check=False,
     )
+
+
+def test_the_cpu_dry_run_times_every_variant_against_the_floor(tmp_path, trainer_env, tiny_model_dir):
+    out = tmp_path / "profile"
+    done = run_profile(profile_env(trainer_env, tmp_path, tiny_model_dir), out, "--reps", "2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "generate_profile.json").read_text())
     assert report["cpu_dry_run"] and report["size"] == "cpu" and report["model"]["path"] == str(tiny_model_dir)
@@ -83,16 +87,7 @@ def test_the_cpu_dry_run_times_every_variant_against_the_floor(tmp_path, trainer
 
 def test_a_budget_already_spent_skips_every_variant_and_says_so(tmp_path, trainer_env, tiny_model_dir):
     out = tmp_path / "profile"
-    env = profile_env(trainer_env, tmp_path, tiny_model_dir)
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.generate_profile", "--cpu", "--out", str(out), "--budget-seconds", "0"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_profile(profile_env(trainer_env, tmp_path, tiny_model_dir), out, "--budget-seconds", "0")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # nothing measured: not a success
     report = json.loads((out / "generate_profile.json").read_text())
     assert all(v["status"].startswith("skipped (time budget") for v in report["variants"].values())
