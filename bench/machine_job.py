@@ -9,7 +9,10 @@ train under the files the operator renders for that shape.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from colocgrpo_training.planner.shapes import ModelShape
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seed-qwen14b-tp4.yaml"
 
@@ -26,6 +29,15 @@ def machine_job(gpus: int = 1, offload_trainer_state: bool = False, tensor_paral
     obj["spec"]["vllm"]["tensorParallelSize"] = tensor_parallel_size
     obj["spec"]["vllm"]["offloadTrainerState"] = offload_trainer_state
     return parse_job(obj)
+
+
+def folder_shape(model_dir: str | Path | None) -> ModelShape | None:
+    """The planner's shape of the model in `model_dir`, from its config.json; None where there is
+    none, and the operator's render then sizes the ZeRO-3 knobs for the example job's model."""
+    from colocgrpo_training.planner.shapes import shape_from_config
+
+    config = Path(model_dir) / "config.json" if model_dir else None
+    return shape_from_config(config) if config is not None and config.is_file() else None
 
 
 def completed_deepspeed_config(

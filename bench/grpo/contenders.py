@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from bench.grpo.sizes import CONFIG
-from bench.machine_job import machine_job
+from bench.machine_job import folder_shape, machine_job
 
 # Most important first: a run cut by the time budget keeps the headline comparison.
 DEFAULT_CONTENDERS = "trl-sleep,ours-auto,trl-nosleep,ours-auto-offload,ours-off,ours-level2"
@@ -85,11 +85,9 @@ def product_deepspeed(
     default), with or without `vllm.offloadTrainerState` (the `-offload` contenders), its ZeRO-3 knobs
     sized for the model in `model_dir` (its config.json; without one, the example job's model)."""
     from colocgrpo_operator.render import deepspeed_config
-    from colocgrpo_training.planner.shapes import shape_from_config
 
     job = machine_job(gpus=gpus, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size)
-    config = Path(model_dir) / "config.json" if model_dir else None
-    return deepspeed_config(job, shape=shape_from_config(config) if config and config.is_file() else None)
+    return deepspeed_config(job, shape=folder_shape(model_dir))
 
 
 def deepspeed_file_key(contender: str) -> str:

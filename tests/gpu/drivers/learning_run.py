@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.child_process import install_stop_handlers, run_child
-from bench.machine_job import EXAMPLE, machine_job
+from bench.machine_job import EXAMPLE, folder_shape, machine_job
 from colocgrpo_training.config import CONFIG_VERSION
 
 # colocgrpo_training.generation.vllm_engine.FORCE_GATHER_ENV (not imported: that pulls in torch and TRL)
@@ -100,14 +100,11 @@ def launch_files(
     next to a deepspeed_config_file, and so does the rendering: precision lives in GRPOConfig."""
     try:
         from colocgrpo_operator.render import accelerate_config, deepspeed_config
-        from colocgrpo_training.planner.shapes import shape_from_config
 
         job = machine_job(
             gpus=num_processes, offload_trainer_state=offload_trainer_state, tensor_parallel_size=tensor_parallel_size
         )
-        # The ZeRO-3 knobs sized for the model trained (the example job's model where it has no config here).
-        config = Path(MODEL) / "config.json"
-        shape = shape_from_config(config) if config.is_file() else None
+        shape = folder_shape(MODEL)  # the ZeRO-3 knobs sized for the model trained
         ds, acc = deepspeed_config(job, shape=shape), accelerate_config(job)
         source = f"operator render of {EXAMPLE.name} on 1 node x {num_processes} GPUs, TP {tensor_parallel_size}"
         if render_gpus is not None and render_gpus != num_processes:
