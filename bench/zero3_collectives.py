@@ -117,6 +117,10 @@ def worker(file: str, model_dir: str, out: Path) -> None:
         "parameters": sum(1 for _ in engine.module.parameters()),
     }
     (out / f"rank-{rank}.json").write_text(json.dumps(result, indent=2))
+    # Leave the process group before the interpreter does: a gloo group alive at exit can abort the process
+    # ("terminate called without an active exception") after its result is written.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def count_section(file: str, model_dir: Path, work: Path, world: int, timeout: float) -> list[dict[str, Any]]:
