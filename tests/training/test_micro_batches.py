@@ -4,6 +4,7 @@ and the memory plan's verdicts, the 7.18B benchmark shape among them."""
 from __future__ import annotations
 
 import inspect
+import json
 import re
 
 import pytest
@@ -169,3 +170,74 @@ def test_an_inexact_setting_is_never_merged_whatever_the_room(tmp_path):
     inputs = inputs_from_spec(bench_7b.spec(tmp_path))
     merge = plan_micro_batches({**bench_7b.trainer_args(), "loss_type": "bnpo"}, inputs)
     assert merge.factor == 1 and merge.peaks_gib == ()
+
+
+# ------------------------------------------------------------------ memory: gradient checkpointing left to the planner
+def unset_checkpointing(args: dict) -> dict:
+    return {key: value for key, value in args.items() if key != "gradient_checkpointing"}
+
+
+def spec_3b(tmp_path) -> dict:
+    """The bench's `large` size as an 80 GiB GPU builds it: the 2.97B Llama shape, vLLM at 0.34."""
+    spec = bench_7b.spec(tmp_path)
+    config = {**bench_7b.CONFIG, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28}
+    (tmp_path / "random-large" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 24}))
+    spec["vllm"]["gpuMemoryUtilization"] = 0.34
+    spec["trainerArgs"] = unset_checkpointing(spec["trainerArgs"])
+    return spec
+
+
+def test_checkpointing_left_unset_goes_off_where_the_merged_activations_fit(tmp_path):
+    spec = spec_3b(tmp_path)
+    args = spec["trainerArgs"]
+    merge = plan_micro_batches(args, inputs_from_spec(spec, gpu_memory_gib=79.2))
+    # merged first (64 rows: 53.9 GiB with the recompute), then the recompute off: 72.0 GiB within 75.2
+    assert merge.factor == 4 and merge.recompute_off
+    assert merge.recompute_off_peak_gib == pytest.approx(72.0, abs=0.05)
+    assert merge.peaks_gib[0][1] < merge.recompute_off_peak_gib <= merge.limit_gib
+    assert merge.rewrite(args) == {
+        **args,
+        "per_device_train_batch_size": 64,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 2,
+        "gradient_checkpointing": False,
+    }
+    assert merge.message().endswith(
+        "gradient checkpointing off: every layer's activations fit (training peak 72.0 GiB within 75.2 GiB without "
+        "it), so the backward recomputes no forward"
+    )
+    assert merge.to_dict()["gradient_checkpointing_off"] is True
+    # the plan's own peak without the recompute is what the decision read
+    no_recompute = {**spec, "trainerArgs": {**merge.rewrite(args)}}
+    assert plan_from_spec(no_recompute, gpu_memory_gib=79.2).per_gpu_training_gib == pytest.approx(
+        merge.recompute_off_peak_gib
+    )
+
+
+def test_checkpointing_stays_where_memory_needs_it_or_the_job_sets_it(tmp_path):
+    # 7.18B on an H200: 64 rows without the recompute would need 152.6 GiB; the merge wins over dropping it
+    seven = bench_7b.spec(tmp_path)
+    args = unset_checkpointing(seven["trainerArgs"])
+    merge = plan_micro_batches(args, inputs_from_spec({**seven, "trainerArgs": args}))
+    assert merge.factor == 4 and not merge.recompute_off and merge.recompute_off_peak_gib is None
+    assert "gradient_checkpointing" not in merge.rewrite(args)
+    assert "checkpointing" not in merge.message()
+    # the 2.97B shape where it would go off, but the job says so either way
+    spec = spec_3b(tmp_path)
+    for value in (True, False):
+        args = {**spec["trainerArgs"], "gradient_checkpointing": value}
+        merge = plan_micro_batches(args, inputs_from_spec({**spec, "trainerArgs": args}, gpu_memory_gib=79.2))
+        assert merge.factor == 4 and not merge.recompute_off
+        assert merge.rewrite(args)["gradient_checkpointing"] is value
+    # no memory plan, a pinned factor, merging off: nothing decided about memory, nothing about the recompute
+    args = spec["trainerArgs"]
+    inputs = inputs_from_spec(spec, gpu_memory_gib=79.2)
+    for merge in (
+        plan_micro_batches(args, None),
+        plan_micro_batches(args, inputs, pin=2),
+        plan_micro_batches(args, inputs, pin="off"),
+    ):
+        assert not merge.recompute_off and "gradient_checkpointing" not in merge.rewrite(args)
+    # an unmerged micro-batch (bnpo) still drops the recompute where it fits
+    merge = plan_micro_batches({**args, "loss_type": "bnpo"}, inputs)
+    assert merge.factor == 1 and merge.recompute_off and merge.changes

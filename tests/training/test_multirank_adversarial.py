@@ -13,10 +13,11 @@ killed). The engine is the CPU stand-in; `support.rank_probe` makes the ranks se
   transformers' accumulation windows restart off the trainer's micro-step count; deferred old log-probs predicted
   from that count would take a PPO ratio of 1 for micro-batches trained after an optimizer step. Loss dr_grpo, the
   engine's log-probs shifted so the importance-sampling correction is far from 1.
-- merged: every rank plans to merge micro-batches 2 into 1 and runs it (the GRPOConfig built again once the
-  process group exists).
+- merged: every rank plans to merge micro-batches 2 into 1 without gradient checkpointing and runs it (the
+  GRPOConfig built again once the process group exists).
 - gpu: one rank's GPU is far smaller (`rank_probe.GPU_MEMORY_ENV`, the memory the micro-batch merge reads): the others
-  plan to merge micro-batches 2 into 1, it does not; every rank must run the same micro-batches.
+  plan to merge micro-batches 2 into 1 without gradient checkpointing, it plans neither; every rank must run the same
+  micro-batches and the same recompute.
 - undecided: one rank cannot plan at all (its GPU's memory cannot be read): every rank stops, with one error.
 
 Where the math is the same as TRL's own path (no deferral, no merge, TRL's no-grad chunks), the final weights equal
@@ -213,6 +214,13 @@ def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(roo
             run.stderr
         ), run.tail()
     assert "every rank takes 1, the smallest of any rank (per rank: [2, 2, 2, 1])" in run.stderr
+    # They also planned the merged micro-batch without gradient checkpointing, which rank 3's memory does not allow:
+    # every rank recomputes (a rank that recomputes gathers each layer's partitions again in its backward).
+    for rank in (0, 1, 2):
+        assert f"rank{rank} WARNING colocgrpo.micro_batches: this rank planned no gradient checkpointing; every " in (
+            run.stderr
+        ), run.tail()
+    assert "(per rank: ['off', 'off', 'off', 'on'])" in run.stderr
 
 
 def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
@@ -221,6 +229,10 @@ def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
     assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
     # The GRPOConfig built again with the merged micro-batch, after the process group started: 1 x 4 rows per step.
     assert "rank0 INFO colocgrpo.micro_batches: training micro-batches merged 2 into 1: 1 x 4 rows" in run.stderr
+    # ... and, the job leaving gradient_checkpointing unset, without the backward's recompute (only rank 0 logs at
+    # INFO; a rank whose plan differed would warn).
+    merged = next(line for line in run.stderr.splitlines() if "rank0 INFO colocgrpo.micro_batches" in line)
+    assert "gradient checkpointing off: every layer's activations fit" in merged, merged
     assert "WARNING colocgrpo.micro_batches" not in run.stderr
 
 

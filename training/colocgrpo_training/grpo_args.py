@@ -140,7 +140,8 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
     """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`.
 
     The training micro-batch is merged where the step stays the same and the memory plan allows
-    (micro_batching.py: fewer, larger micro-batches; `training.micro_batch_merge: off` keeps them as set). A
+    (micro_batching.py: fewer, larger micro-batches; `training.micro_batch_merge: off` keeps them as set), and
+    gradient checkpointing left unset goes off where the merged micro-batch's activations fit without it. A
     collective in a job of several processes: building the first GRPOConfig starts the process group
     (TrainingArguments sets its device up), over which the ranks agree on the merge (`agree_merge`)."""
     kwargs = grpo_kwargs(config, reward_weights)
@@ -152,7 +153,7 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
         problem = str(err)  # every rank stops with it, after the agreement below
     grpo_config = _grpo_config(kwargs)
     merge = agree_merge(local, problem)
-    return _grpo_config(merge.rewrite(kwargs)) if merge.merged else grpo_config
+    return _grpo_config(merge.rewrite(kwargs)) if merge.changes else grpo_config
 
 
 def _grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:

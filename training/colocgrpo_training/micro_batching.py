@@ -15,8 +15,9 @@ job's from its trainer config: `planner.from_trainer_config`). The facts it read
 The pin: `auto` (default), `off`, or a factor to use as given (it must divide gradient_accumulation_steps and
 steps_per_generation, and the merge must be exact).
 
-Each rank plans alone, before the process group exists; `agree_merge` then makes the factor every rank's smallest
-(the number of forwards and backwards, collectives under ZeRO-3, must be equal on every rank).
+Each rank plans alone, before the process group exists; `agree_merge` then makes the factor every rank's smallest and
+keeps gradient checkpointing off only where every rank planned it off (the number of forwards, backwards and
+recomputes, collectives under ZeRO-3, must be equal on every rank).
 """
 
 from __future__ import annotations
@@ -129,27 +130,39 @@ def agree_merge(local: MicroBatchMerge | None, problem: str | None = None) -> Mi
     Each rank plans from its own facts (its GPU, the model config it could read), so ranks can differ; the number of
     forwards and backwards, which ZeRO-3 makes collectives, must not. Every rank takes the smallest factor any rank
     chose: a smaller factor divides the same G and S and needs less memory, so it fits wherever a larger one did.
-    A rank that could not decide (`local` None, `problem` saying why) stops every rank with that reason.
+    Gradient checkpointing stays off only where every rank planned it off (each rank's recompute is a chain of
+    ZeRO-3 gathers). A rank that could not decide (`local` None, `problem` saying why) stops every rank with that
+    reason.
     """
-    rank_decisions: list[tuple[int | None, str | None]] = gather(
-        (local.factor, local.reason) if local is not None else (None, problem)
+    rank_decisions: list[tuple[int | None, str | None, bool]] = gather(
+        (local.factor, local.reason, local.recompute_off) if local is not None else (None, problem, False)
     )
-    factors = [factor for factor, _ in rank_decisions if factor is not None]
+    factors = [factor for factor, _, _ in rank_decisions if factor is not None]
     if local is None or len(factors) < len(rank_decisions):
         raise InvalidConfigError(
             "the training micro-batch cannot be agreed, every rank stops: "
-            + "; ".join(f"rank {rank}: {why}" for rank, (factor, why) in enumerate(rank_decisions) if factor is None)
+            + "; ".join(f"rank {rank}: {why}" for rank, (factor, why, _) in enumerate(rank_decisions) if factor is None)
         )
-    agreed = min(factors)
-    if agreed == local.factor:
-        log.info("%s", local.message())
-        return local
+    agreed = local
+    recompute_off = [off for _, _, off in rank_decisions]
+    if local.recompute_off and not all(recompute_off):
+        # Off at this rank's factor fits at any smaller one too, but a rank that keeps checkpointing gathers each
+        # layer's ZeRO-3 partitions again in its backward: every rank recomputes unless every rank planned not to.
+        log.warning(
+            "this rank planned no gradient checkpointing; every rank keeps it, as some rank planned (per rank: %s)",
+            ["off" if off else "on" for off in recompute_off],
+        )
+        agreed = dataclasses.replace(agreed, recompute_off=False, recompute_off_peak_gib=None)
+    smallest = min(factors)
+    if smallest == local.factor:
+        log.info("%s", agreed.message())
+        return agreed
     log.warning(
         "this rank planned to merge its micro-batches %d into 1 (%s); every rank takes %d, the smallest of any "
         "rank (per rank: %s)",
         local.factor,
         local.reason,
-        agreed,
+        smallest,
         factors,
     )
-    return dataclasses.replace(local, factor=agreed, reason=f"the smallest factor of any rank (per rank: {factors})")
+    return dataclasses.replace(agreed, factor=smallest, reason=f"the smallest factor of any rank (per rank: {factors})")

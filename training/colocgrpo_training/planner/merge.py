@@ -1,4 +1,5 @@
-"""The micro-batch merge a job runs: the decision and how it rewrites GRPOConfig's arguments.
+"""The micro-batch merge a job runs, and whether its backward recomputes: the decision and how it rewrites
+GRPOConfig's arguments.
 
 What it is, apart from how it is decided (micro_batches.py, which plans with plan.py): the memory plan carries one
 (`MemoryPlan.micro_batches`) without importing the rule.
@@ -23,16 +24,27 @@ class MicroBatchMerge:
     # (k, training-phase peak in GiB) for every factor the planner was asked about, largest first.
     peaks_gib: tuple[tuple[int, float], ...] = ()
     limit_gib: float | None = None
+    # Gradient checkpointing turned off by the planner (the job left `gradient_checkpointing` unset and the merged
+    # micro-batch's activations fit without it), with the training peak that way; False: as configured.
+    recompute_off: bool = False
+    recompute_off_peak_gib: float | None = None
 
     @property
     def merged(self) -> bool:
         return self.factor > 1
+
+    @property
+    def changes(self) -> bool:
+        """Whether `rewrite` changes anything."""
+        return self.merged or self.recompute_off
 
     def rewrite(self, grpo: Mapping[str, Any]) -> dict[str, Any]:
         """`grpo` (GRPOConfig keyword arguments) with the merged micro-batch. steps_per_generation is written only
         where it was set: unset, TRL derives it from G (the default) or from generation_batch_size, which both
         give S/k after the rewrite."""
         out = dict(grpo)
+        if self.recompute_off:
+            out["gradient_checkpointing"] = False
         if not self.merged:
             return out
         k = self.factor
@@ -50,10 +62,21 @@ class MicroBatchMerge:
             self.factor,
         )
         if not self.merged:
-            return f"training micro-batches kept at {b} rows ({g} per optimizer step): {self.reason}"
+            text = f"training micro-batches kept at {b} rows ({g} per optimizer step): {self.reason}"
+        else:
+            text = (
+                f"training micro-batches merged {k} into 1: {g // k} x {b * k} rows per optimizer step instead of "
+                f"{g} x {b}, steps_per_generation {s} -> {s // k}, the generation batch unchanged; {self.reason}"
+            )
+        return text + (f"; {self.recompute_message()}" if self.recompute_off else "")
+
+    def recompute_message(self) -> str:
+        """Why the backward does not recompute (only where `recompute_off`)."""
+        peak = "" if self.recompute_off_peak_gib is None else f"training peak {self.recompute_off_peak_gib:.1f} GiB "
+        limit = "" if self.limit_gib is None else f"within {self.limit_gib:.1f} GiB "
         return (
-            f"training micro-batches merged {k} into 1: {g // k} x {b * k} rows per optimizer step instead of "
-            f"{g} x {b}, steps_per_generation {s} -> {s // k}, the generation batch unchanged; {self.reason}"
+            f"gradient checkpointing off: every layer's activations fit ({peak}{limit}without it), so the backward "
+            "recomputes no forward"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,4 +94,8 @@ class MicroBatchMerge:
             "reason": self.reason,
             "training_peak_gib": {str(k): round(v, 2) for k, v in self.peaks_gib},
             "limit_gib": None if self.limit_gib is None else round(self.limit_gib, 2),
+            "gradient_checkpointing_off": self.recompute_off,
+            "training_peak_gib_without_checkpointing": None
+            if self.recompute_off_peak_gib is None
+            else round(self.recompute_off_peak_gib, 2),
         }

@@ -201,18 +201,18 @@ def plan_micro_batches(
         if pin > 1 and problems:
             raise ValueError(f"micro-batch merge factor {pin} would change the step: {'; '.join(problems)}")
         return decision(pin, f"pinned to {pin} ({PIN_FIELD}: {pin}), memory not checked")
-    if problems:
-        return decision(1, "; ".join(problems))
-    if len(candidates) == 1:
-        return decision(1, f"gradient_accumulation_steps {g} and steps_per_generation {s} have no common factor")
+    unmerged = "; ".join(problems)
+    if not problems and len(candidates) == 1:
+        unmerged = f"gradient_accumulation_steps {g} and steps_per_generation {s} have no common factor"
     if inputs is None:
-        return decision(1, no_plan_reason)
-
+        return decision(1, unmerged or no_plan_reason)
     limit = (1 - TIGHT_HEADROOM_FRACTION) * inputs.gpu_memory_gib
+    if unmerged:
+        return without_recompute(decision(1, unmerged, (), limit), grpo, inputs)
+
     peaks: list[tuple[int, float]] = []
     for k in candidates:  # largest first; the peak grows with k
-        merged = dataclasses.replace(inputs, per_device_train_batch_size=b * k, steps_per_generation=max(1, s // k))
-        peaks.append((k, plan_inputs(merged).per_gpu_training_gib))
+        peaks.append((k, plan_inputs(_merged(inputs, b, s, k)).per_gpu_training_gib))
         if peaks[-1][1] <= limit:
             break
     k, peak = peaks[-1]
@@ -223,9 +223,38 @@ def plan_micro_batches(
         )
     if k == 1:
         smallest, needed = peaks[-2]
-        return decision(1, f"merging {smallest} would need {needed:.1f} GiB, over {budget}", tuple(peaks), limit)
+        merge = decision(1, f"merging {smallest} would need {needed:.1f} GiB, over {budget}", tuple(peaks), limit)
+        return without_recompute(merge, grpo, inputs)
     loss_type = _setting(grpo, "loss_type")
     why = f"the same step ({loss_type}: {EXACT_LOSS_TYPES[loss_type]}); training peak {peak:.1f} GiB within {budget}"
     if len(peaks) > 1:
         why += f"; merging {peaks[-2][0]} would need {peaks[-2][1]:.1f} GiB"
-    return decision(k, why, tuple(peaks), limit)
+    return without_recompute(decision(k, why, tuple(peaks), limit), grpo, inputs)
+
+
+def _merged(inputs: PlanInputs, b: int, s: int, k: int) -> PlanInputs:
+    return dataclasses.replace(inputs, per_device_train_batch_size=b * k, steps_per_generation=max(1, s // k))
+
+
+def without_recompute(merge: MicroBatchMerge, grpo: Mapping[str, Any], inputs: PlanInputs | None) -> MicroBatchMerge:
+    """`merge` with gradient checkpointing turned off where the job leaves it to the planner and memory allows.
+
+    GRPOConfig turns checkpointing on by default; it makes the backward recompute each layer's forward, a third more
+    work for the training step, to hold one layer's activations instead of all of them. The merge is decided first
+    (fewer micro-batches save more than the recompute costs under ZeRO-3: docs/benchmarks/gpu.md), then, at the
+    merged micro-batch, checkpointing goes off when the planner's training peak without it is within the same
+    limit. A job that sets `gradient_checkpointing` (either way) keeps its setting; so does a job without a memory
+    plan. The decision uses only the plan's inputs, so every rank that plans the same inputs decides the same, and
+    `agree_merge` keeps it only where every rank did (the recompute changes the number of ZeRO-3 gathers)."""
+    if inputs is None or merge.limit_gib is None or grpo.get("gradient_checkpointing") is not None:
+        return merge
+    if not inputs.gradient_checkpointing:
+        return merge
+    merged = dataclasses.replace(
+        _merged(inputs, merge.per_device_train_batch_size, merge.steps_per_generation, merge.factor),
+        gradient_checkpointing=False,
+    )
+    peak = plan_inputs(merged).per_gpu_training_gib
+    if peak > merge.limit_gib:
+        return merge
+    return dataclasses.replace(merge, recompute_off=True, recompute_off_peak_gib=peak)

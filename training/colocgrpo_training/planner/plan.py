@@ -108,6 +108,11 @@ class MemoryPlan:
             out.append(self.micro_batches.message())
             for factor, peak in self.micro_batches.peaks_gib:
                 out.append(f"  merged {factor} into 1: training peak {peak:.2f} GiB")
+            if self.micro_batches.recompute_off_peak_gib is not None:
+                out.append(
+                    f"  merged {self.micro_batches.factor} into 1, no gradient checkpointing: training peak "
+                    f"{self.micro_batches.recompute_off_peak_gib:.2f} GiB"
+                )
         if self.recommended_gpu_memory_utilization is not None and self.utilization_range:
             low, high = self.utilization_range
             out.append(
