@@ -57,8 +57,9 @@ DEFAULT_FILES = {"trl-best": "product"}
 # accelerate files (a blob).
 MEASURED_CODE = ("training", "operator/colocgrpo_operator/render/launch_config.py")
 MEASURED_CODE_BEFORE_2E9977D = ("training", "operator/colocgrpo_operator/render")
-# The targets per size: (what, against, statistic, limit). `best` is TRL's best in each run (its fastest contender with fp32 master weights); `floor` is ours ÷ the floor printed in
-# the same run. Runs recorded before the bench wrote their size are the large size's.
+# The targets per size: (what, against, statistic, limit). `best` is TRL's best in each run (its fastest contender
+# with fp32 master weights); `floor` is ours ÷ the floor printed in the same run. Runs recorded before the bench wrote
+# their size are the large size's.
 TARGETS = {
     "large": (
         ("ours ÷ TRL's best, median", "best", "median", 0.90),
