@@ -222,13 +222,16 @@ def test_checkpointing_stays_where_memory_needs_it_or_the_job_sets_it(tmp_path):
     assert merge.factor == 4 and not merge.recompute_off and merge.recompute_off_peak_gib is None
     assert "gradient_checkpointing" not in merge.rewrite(args)
     assert "checkpointing" not in merge.message()
-    # the 2.97B shape where it would go off, but the job says so either way
+    # the 2.97B shape where it would go off, but the job says so either way, or says how to checkpoint
     spec = spec_3b(tmp_path)
     for value in (True, False):
         args = {**spec["trainerArgs"], "gradient_checkpointing": value}
         merge = plan_micro_batches(args, inputs_from_spec({**spec, "trainerArgs": args}, gpu_memory_gib=79.2))
         assert merge.factor == 4 and not merge.recompute_off
         assert merge.rewrite(args)["gradient_checkpointing"] is value
+    args = {**spec["trainerArgs"], "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    merge = plan_micro_batches(args, inputs_from_spec({**spec, "trainerArgs": args}, gpu_memory_gib=79.2))
+    assert merge.factor == 4 and not merge.recompute_off and "gradient_checkpointing" not in merge.rewrite(args)
     # no memory plan, a pinned factor, merging off: nothing decided about memory, nothing about the recompute
     args = spec["trainerArgs"]
     inputs = inputs_from_spec(spec, gpu_memory_gib=79.2)

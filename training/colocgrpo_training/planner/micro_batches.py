@@ -243,10 +243,12 @@ def without_recompute(merge: MicroBatchMerge, grpo: Mapping[str, Any], inputs: P
     work for the training step, to hold one layer's activations instead of all of them. The merge is decided first
     (fewer micro-batches save more than the recompute costs under ZeRO-3: docs/benchmarks/gpu.md), then, at the
     merged micro-batch, checkpointing goes off when the planner's training peak without it is within the same
-    limit. A job that sets `gradient_checkpointing` (either way) keeps its setting; so does a job without a memory
-    plan. The decision uses only the plan's inputs, so every rank that plans the same inputs decides the same, and
-    `agree_merge` keeps it only where every rank did (the recompute changes the number of ZeRO-3 gathers)."""
-    if inputs is None or merge.limit_gib is None or grpo.get("gradient_checkpointing") is not None:
+    limit. A job that sets `gradient_checkpointing` (either way) or `gradient_checkpointing_kwargs` keeps its
+    setting; so does a job without a memory plan. The decision uses only the plan's inputs, so every rank that plans
+    the same inputs decides the same, and `agree_merge` keeps it only where every rank did (the recompute changes the
+    number of ZeRO-3 gathers)."""
+    chosen = any(grpo.get(key) is not None for key in ("gradient_checkpointing", "gradient_checkpointing_kwargs"))
+    if inputs is None or merge.limit_gib is None or chosen:
         return merge
     if not inputs.gradient_checkpointing:
         return merge
