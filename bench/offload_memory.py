@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from bench.machine_job import completed_deepspeed_config
+    from colocgrpo_dev.ports import free_port
     from colocgrpo_training.generation.vllm_engine import check_trainer_state_offload
     from colocgrpo_training.planner import formulas
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", "29541")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # a fixed port would meet another run's on a shared host
     deepspeed.init_distributed(dist_backend="nccl")
     config = transformers.AutoConfig.from_pretrained(MODEL)
     for key, value in LARGE_SHAPES[shape_name].items():
