@@ -88,6 +88,7 @@ def train(model_dir, kwargs: dict):
         "micro_steps": trainer._step,
         "rows": trainer.args.per_device_train_batch_size,
         "lengths": lengths,
+        "checkpointing": trainer.model.is_gradient_checkpointing,
     }
 
 
@@ -132,3 +133,22 @@ def test_bnpo_merged_trains_a_different_model(short_model, tmp_path):
     assert unmerged["lengths"][:8] == merged["lengths"][:8]  # the same first generation (8 completions)
     assert merged["grad_norms"][0] != pytest.approx(unmerged["grad_norms"][0], rel=1e-3)
     assert max_difference(unmerged["params"], merged["params"]) > 1e-3
+
+
+def test_the_planners_recompute_switch_trains_the_same_model(short_model, tmp_path):
+    # Where the merged micro-batch's activations fit, the planner turns GRPOConfig's default checkpointing off
+    # (test_micro_batches.py); the backward then keeps each layer's activations instead of recomputing them.
+    from colocgrpo_training.planner.merge import MicroBatchMerge
+
+    kwargs = settings("dapo", tmp_path)
+    assert "gradient_checkpointing" not in kwargs  # TRL's default: on
+    no_recompute = MicroBatchMerge(1, 2, 2, 4, "kept", recompute_off=True).rewrite(kwargs)
+    assert no_recompute == {**kwargs, "gradient_checkpointing": False}
+
+    checkpointed = train(short_model, kwargs)
+    kept = train(short_model, no_recompute)
+    assert (checkpointed["checkpointing"], kept["checkpointing"]) == (True, False)
+    assert checkpointed["lengths"] == kept["lengths"] and checkpointed["moved"] > 1e-2
+    assert kept["losses"] == pytest.approx(checkpointed["losses"], rel=1e-5, abs=1e-7)
+    assert kept["grad_norms"] == pytest.approx(checkpointed["grad_norms"], rel=1e-5)
+    assert max_difference(checkpointed["params"], kept["params"]) < 1e-6
