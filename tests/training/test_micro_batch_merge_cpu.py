@@ -142,7 +142,7 @@ def test_the_planners_recompute_switch_trains_the_same_model(short_model, tmp_pa
 
     kwargs = settings("dapo", tmp_path)
     assert "gradient_checkpointing" not in kwargs  # TRL's default: on
-    no_recompute = MicroBatchMerge(1, 2, 2, 4, "kept", recompute_off=True).rewrite(kwargs)
+    no_recompute = MicroBatchMerge(1, 2, 2, 4, "kept", recompute_off_peak_gib=1.0).rewrite(kwargs)
     assert no_recompute == {**kwargs, "gradient_checkpointing": False}
 
     checkpointed = train(short_model, kwargs)

@@ -152,7 +152,7 @@ def agree_merge(local: MicroBatchMerge | None, problem: str | None = None) -> Mi
             "this rank planned no gradient checkpointing; every rank keeps it, as some rank planned (per rank: %s)",
             ["off" if off else "on" for off in recompute_off],
         )
-        agreed = dataclasses.replace(agreed, recompute_off=False, recompute_off_peak_gib=None)
+        agreed = dataclasses.replace(agreed, recompute_off_peak_gib=None)
     smallest = min(factors)
     if smallest == local.factor:
         log.info("%s", agreed.message())

@@ -24,14 +24,18 @@ class MicroBatchMerge:
     # (k, training-phase peak in GiB) for every factor the planner was asked about, largest first.
     peaks_gib: tuple[tuple[int, float], ...] = ()
     limit_gib: float | None = None
-    # Gradient checkpointing turned off by the planner (the job left `gradient_checkpointing` unset and the merged
-    # micro-batch's activations fit without it), with the training peak that way; False: as configured.
-    recompute_off: bool = False
+    # The training peak in GiB without gradient checkpointing where the planner turned it off (the job left
+    # `gradient_checkpointing` unset and the merged micro-batch's activations fit without it); None: as configured.
     recompute_off_peak_gib: float | None = None
 
     @property
     def merged(self) -> bool:
         return self.factor > 1
+
+    @property
+    def recompute_off(self) -> bool:
+        """Whether the planner turned gradient checkpointing off."""
+        return self.recompute_off_peak_gib is not None
 
     @property
     def changes(self) -> bool:
@@ -72,10 +76,10 @@ class MicroBatchMerge:
 
     def recompute_message(self) -> str:
         """Why the backward does not recompute (only where `recompute_off`)."""
-        peak = "" if self.recompute_off_peak_gib is None else f"training peak {self.recompute_off_peak_gib:.1f} GiB "
-        limit = "" if self.limit_gib is None else f"within {self.limit_gib:.1f} GiB "
+        peak = f"training peak {self.recompute_off_peak_gib:.1f} GiB"
+        limit = "" if self.limit_gib is None else f" within {self.limit_gib:.1f} GiB"
         return (
-            f"gradient checkpointing off: every layer's activations fit ({peak}{limit}without it), so the backward "
+            f"gradient checkpointing off: every layer's activations fit ({peak}{limit} without it), so the backward "
             "recomputes no forward"
         )
 

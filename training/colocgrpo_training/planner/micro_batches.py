@@ -259,4 +259,4 @@ def without_recompute(merge: MicroBatchMerge, grpo: Mapping[str, Any], inputs: P
     peak = plan_inputs(merged).per_gpu_training_gib
     if peak > merge.limit_gib:
         return merge
-    return dataclasses.replace(merge, recompute_off=True, recompute_off_peak_gib=peak)
+    return dataclasses.replace(merge, recompute_off_peak_gib=peak)
