@@ -160,6 +160,8 @@ def test_an_invalid_job_is_refused_before_it_is_sent(client, cluster, op_namespa
 def test_wait_reports_a_failure_a_timeout_and_a_missing_job(client, cluster, kube_cluster, operator, op_namespace):
     client.submit(tiny_job("doomed", runPolicy={"maxRestarts": 0}))
     pod = running_pod(cluster, op_namespace, "doomed")
+    # The pod runs before the operator has seen it: wait for the status, then time out waiting past it.
+    wait_phase(cluster, op_namespace, "doomed", "Running", timeout=60, operator=operator)
     with pytest.raises(WaitTimeout) as late:
         client.wait("doomed", "Succeeded", timeout=1)
     assert late.value.state.phase == "Running"
