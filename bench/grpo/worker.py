@@ -3,6 +3,7 @@ or ours), trains warm-up and measured steps and writes result.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -165,7 +166,13 @@ def worker(
             max_prompt_tokens=config["prompt_tokens"],
             trainer_args=grpo,
         )
-        grpo, merge = merge_micro_batches(request)
+        planned, merge = merge_micro_batches(request)
+        if contender == "trl-best" and merge.trainer_options():
+            # Checkpointing some layers only is our trainer's (TRL's own every_n_layers breaks after the first
+            # generation: colocgrpo_training/generation/checkpointing.py): TRL checkpoints every layer.
+            merge = dataclasses.replace(merge, recompute=None)
+            planned = merge.rewrite(grpo)
+        grpo = planned
         print(f"[bench] {contender}: {merge.message()}", flush=True)
     if contender.startswith("trl-"):
         # TRL's own trainer: trl-sleep and trl-nosleep with the micro-batch its users set, trl-best merged.
@@ -175,7 +182,7 @@ def worker(
     else:
         from colocgrpo_training.generation import ColocGRPOTrainer
 
-        extra: dict = {"defer_old_logps": defer_old_logps}
+        extra: dict = {"defer_old_logps": defer_old_logps, **(merge.trainer_options() if merge else {})}
         if no_grad_tokens is not None:
             extra["no_grad_tokens"] = no_grad_tokens
         trainer = ColocGRPOTrainer(

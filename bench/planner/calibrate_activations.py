@@ -1,7 +1,8 @@
 """Measure what the planner estimates, on a real GPU: total memory, CUDA context, activation peaks.
 
 Runs with only torch + transformers (no network: models are built from their shapes with random weights).
-For each shape in the planner's table and each (batch, seq, checkpointing) case it measures the peak memory
+For each shape in the planner's table and each (batch, seq, checkpointed layers: all, the first half, none) case
+it measures the peak memory
 of one forward + backward of the decoder backbone beyond its parameters and gradients, and prints it next to
 `colocgrpo_training.planner.formulas.activation_bytes`. Usage (GPU machine, repository root):
 
@@ -47,11 +48,14 @@ def build(key: str) -> torch.nn.Module:
     return model
 
 
-def measure(model: torch.nn.Module, batch: int, seq: int, checkpointing: bool) -> int:
-    if checkpointing:
+def measure(model: torch.nn.Module, batch: int, seq: int, checkpointed: int) -> int:
+    """The activation peak with the first `checkpointed` decoder layers checkpointed (the trainer's pattern:
+    colocgrpo_training.generation.checkpointing.PartialRecompute)."""
+    model.gradient_checkpointing_disable()
+    if checkpointed:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
+        for layer in list(model.model.layers)[checkpointed:]:
+            layer.gradient_checkpointing = False
     model.train()
     model.zero_grad(set_to_none=True)
     # one warm-up step so parameter gradients exist and cuBLAS workspaces are allocated
@@ -98,14 +102,15 @@ def main() -> None:
     for key, batch, seq in cases:
         model = build(key)
         shape = ModelShape(**BUILTIN_SHAPES[key])
-        for checkpointing in (True, False):
-            measured = measure(model, batch, seq, checkpointing)
-            estimate = f.activation_bytes(shape, batch * seq, 2, checkpointing)
+        for checkpointed in (shape.num_layers, shape.num_layers // 2, 0):
+            measured = measure(model, batch, seq, checkpointed)
+            estimate = f.activation_bytes(shape, batch * seq, 2, checkpointed)
             row = {
                 "model": key,
                 "batch": batch,
                 "seq": seq,
-                "checkpointing": checkpointing,
+                "checkpointed_layers": checkpointed,
+                "layers": shape.num_layers,
                 "measured_gib": measured / GIB,
                 "estimate_gib": estimate / GIB,
                 "ratio_estimate_over_measured": estimate / measured,

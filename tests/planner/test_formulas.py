@@ -73,10 +73,21 @@ def test_activation_bytes_hand_computed_for_smollm2():
     #   backward) + tokens x 6*576 (final norm) = 8192 x 68,544 = 561,512,448 bytes (0.52 GiB; H200: 0.50)
     expected = 30 * tokens * 1152 + tokens * 25_152 + 2 * tokens * 1152 + tokens * 3072 + tokens * 3456
     assert expected == 561_512_448
-    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, True) == expected
+    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 30) == expected
     # without: every layer keeps everything (6.21e9 bytes = 5.78 GiB; measured 5.74 GiB)
-    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, False) == 30 * tokens * 25_152 + tokens * 3456
-    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, False) > 5 * f.activation_bytes(SMOLLM2_135M, tokens, 2, True)
+    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 0) == 30 * tokens * 25_152 + tokens * 3456
+    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 0) > 5 * f.activation_bytes(SMOLLM2_135M, tokens, 2, 30)
+    # the first 10 checkpointed: their inputs, the other 20 layers whole, and the recompute's share on top
+    partial = 10 * tokens * 1152 + 20 * tokens * 25_152 + tokens * 25_152 + 2 * tokens * 1152 + tokens * 3072
+    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 10) == partial + tokens * 3456
+    peaks = [f.activation_bytes(SMOLLM2_135M, tokens, 2, k) for k in range(31)]
+    assert peaks[1:] == sorted(peaks[1:], reverse=True)  # each layer more checkpointed holds less
+
+
+def test_every_n_layers_checkpoints_layers_0_n_2n():
+    # transformers' _set_gradient_checkpointing: layer_index % every_n_layers == 0
+    assert [f.checkpointed_layers(32, n) for n in (1, 2, 3, 4, 32, 40)] == [32, 16, 11, 8, 1, 1]
+    assert f.checkpointed_layers(30, 7) == len([i for i in range(30) if i % 7 == 0]) == 5
 
 
 def test_zero3_step_makes_fp32_gradients_one_sub_group_at_a_time():

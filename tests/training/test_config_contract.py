@@ -90,7 +90,7 @@ def test_cpu_job_renders_to_a_trl_config_without_vllm(tmp_path):
     config = rendered(job(0), tmp_path)
     assert config.vllm.enabled is False
     assert config.dataset.system_prompt == "Think first." and config.dataset.max_prompt_tokens == 256
-    args = build_grpo_config(config, [1.0, 0.5])
+    args, _ = build_grpo_config(config, [1.0, 0.5])
     assert args.use_vllm is False
     assert args.max_steps == 3 and args.num_generations == 2
     assert args.reward_weights == [1.0, 0.5]

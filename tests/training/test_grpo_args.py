@@ -91,7 +91,7 @@ def test_build_grpo_config_on_cpu(tmp_path):
         checkpoint={"dir": str(tmp_path), "save_steps": 1},
         grpo={"num_generations": 2, "per_device_train_batch_size": 4, "max_steps": 2, "use_cpu": True},
     )
-    args = build_grpo_config(config, [1.0, 0.2])
+    args, _ = build_grpo_config(config, [1.0, 0.2])
     assert args.output_dir == str(tmp_path)
     assert args.num_generations == 2 and args.max_steps == 2 and args.use_vllm is False
     assert args.reward_weights == [1.0, 0.2]

@@ -59,14 +59,28 @@ def settings(loss_type: str, tmp_path) -> dict:
     )
 
 
-def train(model_dir, kwargs: dict):
+def train(model_dir, kwargs: dict, ours: dict | None = None):
+    """TRL's GRPOTrainer, or with `ours` (its options) ColocGRPOTrainer generating with transformers as TRL does."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from colocgrpo_training.config import VLLMSettings
+    from colocgrpo_training.generation import ColocGRPOTrainer
+    from colocgrpo_training.generation.checkpointing import decoder_layers, layer_checkpointing
+
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + {i % 3}?"}]} for i in range(16)]
-    trainer = GRPOTrainer(
+    common = dict(
         model=str(model_dir), reward_funcs=[_reward], args=GRPOConfig(**kwargs), train_dataset=Dataset.from_list(rows)
     )
+    if ours is None:
+        trainer = GRPOTrainer(**common)
+    else:
+        trainer = ColocGRPOTrainer(**common, generation_settings=VLLMSettings(enabled=False), **ours)
+    # Forwards started per decoder layer: a checkpointed layer starts its forward again in the backward (counted
+    # as it starts: torch's recompute stops once it has what the backward needs, before the forward's end).
+    calls = [0] * len(decoder_layers(trainer.model))
+    for index, layer in enumerate(decoder_layers(trainer.model)):
+        layer.register_forward_pre_hook(lambda *_, index=index: calls.__setitem__(index, calls[index] + 1))
     lengths: list[int] = []
     original = trainer._generate_and_score_completions
 
@@ -89,6 +103,8 @@ def train(model_dir, kwargs: dict):
         "rows": trainer.args.per_device_train_batch_size,
         "lengths": lengths,
         "checkpointing": trainer.model.is_gradient_checkpointing,
+        "layers": layer_checkpointing(trainer.model),
+        "layer_calls": calls,
     }
 
 
@@ -138,11 +154,11 @@ def test_bnpo_merged_trains_a_different_model(short_model, tmp_path):
 def test_the_planners_recompute_switch_trains_the_same_model(short_model, tmp_path):
     # Where the merged micro-batch's activations fit, the planner turns GRPOConfig's default checkpointing off
     # (test_micro_batches.py); the backward then keeps each layer's activations instead of recomputing them.
-    from colocgrpo_training.planner.merge import MicroBatchMerge
+    from colocgrpo_training.planner.merge import MicroBatchMerge, Recompute
 
     kwargs = settings("dapo", tmp_path)
     assert "gradient_checkpointing" not in kwargs  # TRL's default: on
-    no_recompute = MicroBatchMerge(1, 2, 2, 4, "kept", recompute_off_peak_gib=1.0).rewrite(kwargs)
+    no_recompute = MicroBatchMerge(1, 2, 2, 4, "kept", recompute=Recompute(0, 2, 1.0)).rewrite(kwargs)
     assert no_recompute == {**kwargs, "gradient_checkpointing": False}
 
     checkpointed = train(short_model, kwargs)
@@ -152,3 +168,47 @@ def test_the_planners_recompute_switch_trains_the_same_model(short_model, tmp_pa
     assert kept["losses"] == pytest.approx(checkpointed["losses"], rel=1e-5, abs=1e-7)
     assert kept["grad_norms"] == pytest.approx(checkpointed["grad_norms"], rel=1e-5)
     assert max_difference(checkpointed["params"], kept["params"]) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory):
+    """The short-completion model with 4 decoder layers."""
+    from colocgrpo_dev.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("four") / "model", num_layers=4, seed=1)
+    config_file = path / "generation_config.json"
+    config = json.loads(config_file.read_text())
+    config["eos_token_id"] = [config["eos_token_id"], *range(100, 230)]
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+def test_checkpointing_the_first_layers_only_trains_the_same_model(four_layers, tmp_path):
+    # Where some layers' activations fit, the planner checkpoints the first k (test_micro_batches.py) and the
+    # trainer keeps the others whole, through both generations' no-grad forwards, after which TRL turns
+    # checkpointing on for every layer again (generation/checkpointing.py).
+    kwargs = settings("dapo", tmp_path)
+    every = train(four_layers, kwargs, ours={})
+    first_two = train(four_layers, kwargs, ours={"checkpointed_layers": 2})
+    assert every["layers"] == [True] * 4 and first_two["layers"] == [True, True, False, False]
+    # every layer runs the same forwards (no-grad and training); a checkpointed one runs each training forward again
+    assert len(set(every["layer_calls"])) == 1
+    recomputed = first_two["layer_calls"][0] - first_two["layer_calls"][3]
+    assert recomputed > 0 and first_two["layer_calls"][:2] == every["layer_calls"][:2]
+    assert first_two["layer_calls"][2:] == [every["layer_calls"][0] - recomputed] * 2
+    assert every["lengths"] == first_two["lengths"] and every["moved"] > 1e-2
+    assert first_two["losses"] == pytest.approx(every["losses"], rel=1e-5, abs=1e-7)
+    assert first_two["grad_norms"] == pytest.approx(every["grad_norms"], rel=1e-5)
+    assert max_difference(every["params"], first_two["params"]) < 1e-6
+
+
+def test_every_n_layers_survives_our_generations_not_trls(four_layers, tmp_path):
+    # transformers' own knob, set by a job: TRL 1.16 re-enables checkpointing from gradient_checkpointing_kwargs
+    # after its first generation's no-grad forwards, every layer again and every_n_layers handed to torch's
+    # checkpoint, which refuses it in the next backward. Our trainer keeps each layer as the Trainer set it.
+    kwargs = {**settings("dapo", tmp_path), "gradient_checkpointing_kwargs": {"every_n_layers": 2}}
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: every_n_layers"):
+        train(four_layers, kwargs)
+    ours = train(four_layers, kwargs, ours={})
+    assert ours["layers"] == [True, False, True, False] and ours["moved"] > 1e-2
+    assert len(ours["losses"]) == 4

@@ -3,6 +3,7 @@ and the memory plan's verdicts, the 7.18B benchmark shape among them."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -18,6 +19,7 @@ from colocgrpo_training.planner.micro_batches import (
     factors,
     plan_micro_batches,
 )
+from colocgrpo_training.planner.plan import plan_inputs
 from support import bench_7b
 from support.planning import inputs_from_spec, plan_from_spec
 
@@ -192,9 +194,10 @@ def test_checkpointing_left_unset_goes_off_where_the_merged_activations_fit(tmp_
     args = spec["trainerArgs"]
     merge = plan_micro_batches(args, inputs_from_spec(spec, gpu_memory_gib=79.2))
     # merged first (64 rows: 53.9 GiB with the recompute), then the recompute off: 72.0 GiB within 75.2
-    assert merge.factor == 4 and merge.recompute_off
-    assert merge.recompute_off_peak_gib == pytest.approx(72.0, abs=0.05)
-    assert merge.peaks_gib[0][1] < merge.recompute_off_peak_gib <= merge.limit_gib
+    assert merge.factor == 4 and merge.recompute_off and merge.recompute is not None
+    assert merge.recompute.peak_gib == pytest.approx(72.0, abs=0.05)
+    assert merge.peaks_gib[0][1] < merge.recompute.peak_gib <= merge.limit_gib
+    assert merge.trainer_options() == {}  # GRPOConfig's gradient_checkpointing says it all
     assert merge.rewrite(args) == {
         **args,
         "per_device_train_batch_size": 64,
@@ -206,32 +209,55 @@ def test_checkpointing_left_unset_goes_off_where_the_merged_activations_fit(tmp_
         "gradient checkpointing off: every layer's activations fit (training peak 72.0 GiB within 75.2 GiB without "
         "it), so the backward recomputes no forward"
     )
-    assert merge.to_dict()["gradient_checkpointing_off"] is True
+    assert merge.to_dict()["recompute"] == {"checkpointed_layers": 0, "layers": 28, "training_peak_gib": 72.03}
     # the plan's own peak without the recompute is what the decision read
     no_recompute = {**spec, "trainerArgs": {**merge.rewrite(args)}}
     assert plan_from_spec(no_recompute, gpu_memory_gib=79.2).per_gpu_training_gib == pytest.approx(
-        merge.recompute_off_peak_gib
+        merge.recompute.peak_gib
     )
 
 
 def test_checkpointing_stays_where_memory_needs_it_or_the_job_sets_it(tmp_path):
-    # 7.18B on an H200: 64 rows without the recompute would need 152.6 GiB; the merge wins over dropping it
+    # 7.18B on an H200: 64 rows without the recompute would need 152.6 GiB, so the merge wins over dropping it; the
+    # fewest checkpointed layers that fit are the first 18 of 32 (132.2 GiB within 132.8; 17 would need more)
     seven = bench_7b.spec(tmp_path)
     args = unset_checkpointing(seven["trainerArgs"])
-    merge = plan_micro_batches(args, inputs_from_spec({**seven, "trainerArgs": args}))
-    assert merge.factor == 4 and not merge.recompute_off and merge.recompute_off_peak_gib is None
-    assert "gradient_checkpointing" not in merge.rewrite(args)
-    assert "checkpointing" not in merge.message()
+    inputs = inputs_from_spec({**seven, "trainerArgs": args})
+    merge = plan_micro_batches(args, inputs)
+    assert merge.factor == 4 and not merge.recompute_off and merge.recompute is not None
+    assert (merge.recompute.checkpointed_layers, merge.recompute.num_layers) == (18, 32)
+    assert merge.recompute.peak_gib == pytest.approx(132.17, abs=0.01) and merge.recompute.peak_gib <= merge.limit_gib
+    merged = dataclasses.replace(inputs, per_device_train_batch_size=64, steps_per_generation=2)
+    assert plan_inputs(dataclasses.replace(merged, checkpointed_layers=17)).per_gpu_training_gib > merge.limit_gib
+    assert plan_inputs(dataclasses.replace(merged, checkpointed_layers=0)).per_gpu_training_gib == pytest.approx(
+        152.56, abs=0.01
+    )
+    # GRPOConfig keeps checkpointing on; the trainer keeps the last 14 layers whole
+    assert "gradient_checkpointing" not in merge.rewrite(args) and "gradient_checkpointing_kwargs" not in merge.rewrite(
+        args
+    )
+    assert merge.trainer_options() == {"checkpointed_layers": 18}
+    assert merge.message().endswith(
+        "gradient checkpointing on the first 18 of 32 layers: the last 14 keep their activations (training peak "
+        "132.2 GiB within 132.8 GiB), so the backward recomputes 18 layers' forwards instead of 32"
+    )
+    assert merge.to_dict()["recompute"] == {"checkpointed_layers": 18, "layers": 32, "training_peak_gib": 132.17}
+    # a job that checkpoints every n-th layer itself is planned with ceil(32 / n) checkpointed layers
+    every_4th = {**args, "gradient_checkpointing_kwargs": {"every_n_layers": 4}}
+    assert inputs_from_spec({**seven, "trainerArgs": every_4th}).checkpointed_layers == 8
+    unchecked = {**args, "gradient_checkpointing": False}
+    assert inputs_from_spec({**seven, "trainerArgs": unchecked}).checkpointed_layers == 0
+    assert inputs.checkpointed_layers == 32
     # the 2.97B shape where it would go off, but the job says so either way, or says how to checkpoint
     spec = spec_3b(tmp_path)
     for value in (True, False):
         args = {**spec["trainerArgs"], "gradient_checkpointing": value}
         merge = plan_micro_batches(args, inputs_from_spec({**spec, "trainerArgs": args}, gpu_memory_gib=79.2))
-        assert merge.factor == 4 and not merge.recompute_off
+        assert merge.factor == 4 and merge.recompute is None
         assert merge.rewrite(args)["gradient_checkpointing"] is value
     args = {**spec["trainerArgs"], "gradient_checkpointing_kwargs": {"use_reentrant": False}}
     merge = plan_micro_batches(args, inputs_from_spec({**spec, "trainerArgs": args}, gpu_memory_gib=79.2))
-    assert merge.factor == 4 and not merge.recompute_off and "gradient_checkpointing" not in merge.rewrite(args)
+    assert merge.factor == 4 and merge.recompute is None and "gradient_checkpointing" not in merge.rewrite(args)
     # no memory plan, a pinned factor, merging off: nothing decided about memory, nothing about the recompute
     args = spec["trainerArgs"]
     inputs = inputs_from_spec(spec, gpu_memory_gib=79.2)
@@ -240,7 +266,7 @@ def test_checkpointing_stays_where_memory_needs_it_or_the_job_sets_it(tmp_path):
         plan_micro_batches(args, inputs, pin=2),
         plan_micro_batches(args, inputs, pin="off"),
     ):
-        assert not merge.recompute_off and "gradient_checkpointing" not in merge.rewrite(args)
+        assert merge.recompute is None and "gradient_checkpointing" not in merge.rewrite(args)
     # an unmerged micro-batch (bnpo) still drops the recompute where it fits
     merge = plan_micro_batches({**args, "loss_type": "bnpo"}, inputs)
     assert merge.factor == 1 and merge.recompute_off and merge.changes

@@ -138,8 +138,8 @@ def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir):
             },
         }
     )
-    args = build_grpo_config(config)  # a CPU job: no memory plan, nothing merged
+    args, _ = build_grpo_config(config)  # a CPU job: no memory plan, nothing merged
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (4, 2, 2)
-    args = build_grpo_config(config.model_copy(update={"training": TrainingSettings(micro_batch_merge=2)}))
+    args, _ = build_grpo_config(config.model_copy(update={"training": TrainingSettings(micro_batch_merge=2)}))
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (8, 1, 1)
     assert args.generation_batch_size == 8

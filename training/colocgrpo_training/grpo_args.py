@@ -136,13 +136,17 @@ def grpo_kwargs(config: TrainerConfig, reward_weights: list[float] | None = None
     return kwargs
 
 
-def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None = None) -> GRPOConfig:
-    """The GRPOConfig; TRL's own validation errors become InvalidConfig naming `grpo`.
+def build_grpo_config(
+    config: TrainerConfig, reward_weights: list[float] | None = None
+) -> tuple[GRPOConfig, MicroBatchMerge]:
+    """The GRPOConfig, and the merge decision it was built with; TRL's own validation errors become InvalidConfig
+    naming `grpo`.
 
     The training micro-batch is merged where the step stays the same and the memory plan allows
     (micro_batching.py: fewer, larger micro-batches; `training.micro_batch_merge: off` keeps them as set), and
-    gradient checkpointing left unset goes off where the merged micro-batch's activations fit without it. A
-    collective in a job of several processes: building the first GRPOConfig starts the process group
+    gradient checkpointing left unset is turned off, or kept on the first layers only, where the merged
+    micro-batch's activations fit with less of it (the trainer applies the latter: `MicroBatchMerge.trainer_options`).
+    A collective in a job of several processes: building the first GRPOConfig starts the process group
     (TrainingArguments sets its device up), over which the ranks agree on the merge (`agree_merge`)."""
     kwargs = grpo_kwargs(config, reward_weights)
     local: MicroBatchMerge | None = None
@@ -153,7 +157,7 @@ def build_grpo_config(config: TrainerConfig, reward_weights: list[float] | None 
         problem = str(err)  # every rank stops with it, after the agreement below
     grpo_config = _grpo_config(kwargs)
     merge = agree_merge(local, problem)
-    return _grpo_config(merge.rewrite(kwargs)) if merge.changes else grpo_config
+    return (_grpo_config(merge.rewrite(kwargs)) if merge.changes else grpo_config), merge
 
 
 def _grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:

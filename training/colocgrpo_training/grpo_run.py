@@ -149,7 +149,7 @@ class _Run:
 
 def _set_up(config: TrainerConfig, termination: TerminationRequest) -> _Run:
     """Rewards, tokenizer, prompts and the trainer. Building the GRPOConfig starts the process group."""
-    grpo_config = build_grpo_config(config, [float(entry.weight) for entry in config.rewards])
+    grpo_config, merge = build_grpo_config(config, [float(entry.weight) for entry in config.rewards])
     try:
         reward_funcs, _ = resolve_rewards(config.rewards, config.reward_modules_dir)
     except RewardError as err:
@@ -165,6 +165,8 @@ def _set_up(config: TrainerConfig, termination: TerminationRequest) -> _Run:
     stop_on_sigterm = SaveOnTermination(termination)
     reporter = ProgressReporter.from_settings(config.job, config.progress)
     cls, extra = trainer_class(config)
+    if config.vllm.enabled:  # the planner plans only jobs with colocated vLLM, which ColocGRPOTrainer runs
+        extra.update(merge.trainer_options())
     trainer = cls(
         model=config.model.name_or_path,
         reward_funcs=reward_funcs,

@@ -16,8 +16,8 @@ The pin: `auto` (default), `off`, or a factor to use as given (it must divide gr
 steps_per_generation, and the merge must be exact).
 
 Each rank plans alone, before the process group exists; `agree_merge` then makes the factor every rank's smallest and
-keeps gradient checkpointing off only where every rank planned it off (the number of forwards, backwards and
-recomputes, collectives under ZeRO-3, must be equal on every rank).
+checkpoints the most layers any rank planned to (the number of forwards, backwards and recomputes, collectives under
+ZeRO-3, must be equal on every rank).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from colocgrpo_training.agreement import gather
 from colocgrpo_training.failures import InvalidConfigError
 from colocgrpo_training.planner.inputs import PlanInputs, resolve_inputs
-from colocgrpo_training.planner.merge import MicroBatchMerge
+from colocgrpo_training.planner.merge import MicroBatchMerge, Recompute
 from colocgrpo_training.planner.micro_batches import PIN_FIELD, plan_micro_batches
 from colocgrpo_training.planner.request import PlanRequest
 from colocgrpo_training.planner.shapes import PlanInputError
@@ -130,12 +131,13 @@ def agree_merge(local: MicroBatchMerge | None, problem: str | None = None) -> Mi
     Each rank plans from its own facts (its GPU, the model config it could read), so ranks can differ; the number of
     forwards and backwards, which ZeRO-3 makes collectives, must not. Every rank takes the smallest factor any rank
     chose: a smaller factor divides the same G and S and needs less memory, so it fits wherever a larger one did.
-    Gradient checkpointing stays off only where every rank planned it off (each rank's recompute is a chain of
-    ZeRO-3 gathers). A rank that could not decide (`local` None, `problem` saying why) stops every rank with that
-    reason.
+    Every rank takes the most checkpointed layers any rank planned (as configured, every layer, where a rank left
+    it as configured): each recomputed layer is a chain of ZeRO-3 gathers, and more checkpointing needs less memory,
+    so it fits wherever less did. A rank that could not decide (`local` None, `problem` saying why) stops every rank
+    with that reason.
     """
-    rank_decisions: list[tuple[int | None, str | None, bool]] = gather(
-        (local.factor, local.reason, local.recompute_off) if local is not None else (None, problem, False)
+    rank_decisions: list[tuple[int | None, str | None, Recompute | None]] = gather(
+        (local.factor, local.reason, local.recompute) if local is not None else (None, problem, None)
     )
     factors = [factor for factor, _, _ in rank_decisions if factor is not None]
     if local is None or len(factors) < len(rank_decisions):
@@ -144,15 +146,17 @@ def agree_merge(local: MicroBatchMerge | None, problem: str | None = None) -> Mi
             + "; ".join(f"rank {rank}: {why}" for rank, (factor, why, _) in enumerate(rank_decisions) if factor is None)
         )
     agreed = local
-    recompute_off = [off for _, _, off in rank_decisions]
-    if local.recompute_off and not all(recompute_off):
-        # Off at this rank's factor fits at any smaller one too, but a rank that keeps checkpointing gathers each
-        # layer's ZeRO-3 partitions again in its backward: every rank recomputes unless every rank planned not to.
+    plans = [recompute for _, _, recompute in rank_decisions]
+    most = max(plans, key=_checkpointed)  # the first rank's of the most checkpointed: the same on every rank
+    if _checkpointed(most) != _checkpointed(local.recompute):
         log.warning(
-            "this rank planned no gradient checkpointing; every rank keeps it, as some rank planned (per rank: %s)",
-            ["off" if off else "on" for off in recompute_off],
+            "this rank planned gradient checkpointing on %s; every rank runs it on %s, the most of any rank "
+            "(per rank: %s)",
+            _describe(local.recompute),
+            _describe(most),
+            [_describe(plan) for plan in plans],
         )
-        agreed = dataclasses.replace(agreed, recompute_off_peak_gib=None)
+        agreed = dataclasses.replace(agreed, recompute=most)
     smallest = min(factors)
     if smallest == local.factor:
         log.info("%s", agreed.message())
@@ -166,3 +170,16 @@ def agree_merge(local: MicroBatchMerge | None, problem: str | None = None) -> Mi
         factors,
     )
     return dataclasses.replace(agreed, factor=smallest, reason=f"the smallest factor of any rank (per rank: {factors})")
+
+
+def _checkpointed(recompute: Recompute | None) -> float:
+    """How many layers a rank's plan checkpoints (the first ones); as configured counts as every layer."""
+    return math.inf if recompute is None else recompute.checkpointed_layers
+
+
+def _describe(recompute: Recompute | None) -> str:
+    if recompute is None:
+        return "every layer, as configured"
+    if recompute.off:
+        return "no layer"
+    return f"{recompute.checkpointed_layers} of {recompute.num_layers} layers"

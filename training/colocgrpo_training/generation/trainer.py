@@ -37,6 +37,7 @@ from trl import GRPOConfig, GRPOTrainer
 from colocgrpo_training.agreement import agree_max
 from colocgrpo_training.config import VLLMSettings
 from colocgrpo_training.generation.buckets import DEFAULT_BUCKET_BYTES
+from colocgrpo_training.generation.checkpointing import PartialRecompute, checkpointing_kept, checkpointing_paused
 from colocgrpo_training.generation.old_logps import (
     METRIC_NAMES,
     SamplingStats,
@@ -121,6 +122,9 @@ class ColocGRPOTrainer(GRPOTrainer):
     the other way round (`deferral_off_reason`), the micro-batches trained before the next optimizer step
     take their old log-probs and correction from their own training forward instead of a no-grad forward
     after generating (old_logps.py); the same quantities, one forward fewer over those rows. False: TRL's way.
+
+    `checkpointed_layers` (the planner's `Recompute`, None: as GRPOConfig says): with gradient checkpointing on,
+    only the first that many decoder layers recompute their forward in the backward (checkpointing.py).
     """
 
     args: GRPOConfig  # Trainer annotates it as TrainingArguments
@@ -132,6 +136,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         no_grad_tokens: int = DEFAULT_NO_GRAD_TOKENS,
         defer_old_logps: bool = True,
+        checkpointed_layers: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.generation_settings = generation_settings
@@ -169,6 +174,9 @@ class ColocGRPOTrainer(GRPOTrainer):
                 "the GRPOConfig's vLLM settings differ from generation_settings (build them with "
                 f"grpo_args.vllm_args): {'; '.join(mismatches)}"
             )
+        if checkpointed_layers is not None:
+            callbacks = [*(kwargs.get("callbacks") or []), PartialRecompute(checkpointed_layers)]
+            kwargs["callbacks"] = callbacks
         if not generation_settings.enabled:
             super().__init__(*args, **kwargs)
             return
@@ -199,7 +207,9 @@ class ColocGRPOTrainer(GRPOTrainer):
 
     # -- stages: a failure in one ends every rank with its cause (verdict.py) ------------------
     def _generate_and_score_completions(self, inputs: Any) -> Any:
-        with stage(f"in generation and rewards at step {self.state.global_step}"):
+        # TRL re-enables checkpointing on every layer after its no-grad forwards (checkpointing.py): each layer
+        # keeps the setting it had.
+        with stage(f"in generation and rewards at step {self.state.global_step}"), checkpointing_kept(self.model):
             return super()._generate_and_score_completions(inputs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
@@ -265,8 +275,6 @@ class ColocGRPOTrainer(GRPOTrainer):
         """After TRL's generation, shuffle and split: the micro-batches trained after an optimizer step get
         their old log-probs (one no-grad forward over all of them), correction and metrics now; the others
         lose the placeholders and get theirs from their loss's forward (`_compute_loss`)."""
-        from trl.models.utils import disable_gradient_checkpointing
-
         self._deferred_chunks = [chunk for chunk, defer in zip(chunks, deferred, strict=True) if defer]
         self._sampling_stats = SamplingStats(self.vllm_importance_sampling_mode)
         for chunk in chunks:
@@ -279,9 +287,7 @@ class ColocGRPOTrainer(GRPOTrainer):
         completion = torch.cat([chunk["completion_ids"] for chunk in later])
         prompt_mask = torch.cat([chunk["prompt_mask"] for chunk in later])
         completion_mask = torch.cat([chunk["completion_mask"] for chunk in later])
-        model = cast(Any, self.model)
-        checkpointing = cast(dict[str, Any] | None, self.args.gradient_checkpointing_kwargs)
-        with torch.no_grad(), disable_gradient_checkpointing(model, checkpointing):
+        with torch.no_grad(), checkpointing_paused(self.model):
             old, _, _ = self._get_per_token_logps_and_entropies(
                 self.model,
                 torch.cat([prompt, completion], dim=1),

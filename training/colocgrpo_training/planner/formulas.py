@@ -194,28 +194,33 @@ def activation_bytes_per_token_per_layer(shape: ModelShape, dtype_bytes: int) ->
     return norms + attention + mlp + measured_excess
 
 
-def activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, gradient_checkpointing: bool) -> int:
-    """Peak activation memory of one micro-batch of `tokens` tokens (batch x padded sequence length).
+def checkpointed_layers(num_layers: int, every_n_layers: int) -> int:
+    """How many decoder layers transformers checkpoints with `gradient_checkpointing_kwargs.every_n_layers`:
+    layers 0, n, 2n, ... (`PreTrainedModel._set_gradient_checkpointing`), so ceil(layers / n)."""
+    return len(range(0, num_layers, max(1, every_n_layers)))
 
-    Without checkpointing every layer keeps its activations: layers x tokens x per-layer bytes.
-    With Hugging Face's per-decoder-layer checkpointing only each layer's input survives the forward
-    (layers x tokens x a*h); the backward then recomputes one layer at a time (tokens x per-layer bytes),
-    holds the gradient flowing between layers (2 x tokens x a*h) and, inside the recomputed layer's
-    backward, one MLP-wide gradient (tokens x a*i; measured, see above). Plus the final norm (tokens x (4+a)h).
+
+def activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, checkpointed: int) -> int:
+    """Peak activation memory of one micro-batch of `tokens` tokens (batch x padded sequence length), with
+    `checkpointed` of the decoder layers under gradient checkpointing (0: none, `shape.num_layers`: every one).
+
+    A layer without checkpointing keeps its activations: tokens x per-layer bytes. With Hugging Face's
+    per-decoder-layer checkpointing only a checkpointed layer's input survives the forward (tokens x a*h); the
+    backward then recomputes one checkpointed layer at a time (tokens x per-layer bytes), holds the gradient flowing
+    between layers (2 x tokens x a*h) and, inside the recomputed layer's backward, one MLP-wide gradient
+    (tokens x a*i; measured, see above). Plus the final norm (tokens x (4+a)h). With some layers kept whole, the
+    recompute's share is counted on top of all of them: an upper bound wherever the kept layers' backward frees
+    theirs before the first recompute (the trainer keeps the last layers whole: generation/checkpointing.py).
     """
     a, h = dtype_bytes, shape.hidden_size
     per_layer = activation_bytes_per_token_per_layer(shape, dtype_bytes)
     final_norm = tokens * (4 + a) * h
-    if gradient_checkpointing:
-        backward_transient = tokens * a * shape.intermediate_size
-        return (
-            shape.num_layers * tokens * a * h
-            + tokens * per_layer
-            + 2 * tokens * a * h
-            + backward_transient
-            + final_norm
-        )
-    return shape.num_layers * tokens * per_layer + final_norm
+    checkpointed = max(0, min(checkpointed, shape.num_layers))
+    kept_whole = (shape.num_layers - checkpointed) * tokens * per_layer
+    if checkpointed == 0:
+        return kept_whole + final_norm
+    recompute = tokens * per_layer + 2 * tokens * a * h + tokens * a * shape.intermediate_size
+    return checkpointed * tokens * a * h + kept_whole + recompute + final_norm
 
 
 def fused_lm_head_bytes(shape: ModelShape, completion_tokens: int, dtype_bytes: int) -> int:

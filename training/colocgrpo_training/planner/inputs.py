@@ -7,11 +7,13 @@ here. The model's shape comes from its config.json, the built-in table or its pa
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 from colocgrpo_training.config import SleepPolicy
+from colocgrpo_training.planner.formulas import checkpointed_layers
 from colocgrpo_training.planner.request import PlanRequest
 from colocgrpo_training.planner.shapes import (
     KNOWN_FAMILIES,
@@ -60,11 +62,17 @@ class PlanInputs:
     steps_per_generation: int
     prompt_tokens: int
     completion_tokens: int
-    gradient_checkpointing: bool
+    # Decoder layers under gradient checkpointing: every one (GRPOConfig's default), none
+    # (`gradient_checkpointing: false`), ceil(layers / n) with transformers' `every_n_layers`, or the planner's count.
+    checkpointed_layers: int
     beta: float
     gpu_memory_gib: float
     assumptions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.checkpointed_layers > 0
 
     @property
     def world_size(self) -> int:
@@ -93,6 +101,19 @@ def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise PlanInputError(field, f"must be a number, got {value!r}")
     return float(value)
+
+
+def _every_n_layers(kwargs: Any) -> int:
+    """transformers' `every_n_layers` from `gradient_checkpointing_kwargs` (a dict, or TrainingArguments' JSON
+    string form); 1 where it is not set."""
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs)
+        except ValueError:
+            return 1
+    if not isinstance(kwargs, dict) or kwargs.get("every_n_layers") is None:
+        return 1
+    return _int(kwargs["every_n_layers"], "spec.trainerArgs.gradient_checkpointing_kwargs.every_n_layers", 1)
 
 
 def resolve_shape(name: str, parameter_count: Any, base_dir: Path | None) -> tuple[ModelShape, list[str]]:
@@ -190,7 +211,8 @@ def resolve_inputs(request: PlanRequest, *, base_dir: Path | None = None) -> Pla
     else:
         steps_per_generation = accumulation  # GRPOConfig.__post_init__
     completion = _int(arg("max_completion_length"), "spec.trainerArgs.max_completion_length", 1)
-    gradient_checkpointing = bool(arg("gradient_checkpointing"))
+    every_n_layers = _every_n_layers(trainer_args.get("gradient_checkpointing_kwargs"))
+    checkpointed = checkpointed_layers(shape.num_layers, every_n_layers) if arg("gradient_checkpointing") else 0
     beta = _number(arg("beta"), "spec.trainerArgs.beta")
 
     if vllm.max_model_len is not None:
@@ -238,7 +260,7 @@ def resolve_inputs(request: PlanRequest, *, base_dir: Path | None = None) -> Pla
         steps_per_generation=steps_per_generation,
         prompt_tokens=prompt,
         completion_tokens=completion,
-        gradient_checkpointing=gradient_checkpointing,
+        checkpointed_layers=checkpointed,
         beta=beta,
         gpu_memory_gib=DEFAULT_GPU_MEMORY_GIB if gib is None else gib,
         assumptions=tuple(assumptions),

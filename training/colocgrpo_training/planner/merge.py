@@ -1,5 +1,5 @@
-"""The micro-batch merge a job runs, and whether its backward recomputes: the decision and how it rewrites
-GRPOConfig's arguments.
+"""The micro-batch merge a job runs, and how much of its forward the backward recomputes: the decision and how it
+rewrites GRPOConfig's arguments.
 
 What it is, apart from how it is decided (micro_batches.py, which plans with plan.py): the memory plan carries one
 (`MemoryPlan.micro_batches`) without importing the rule.
@@ -10,6 +10,46 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+    """Less gradient checkpointing than GRPOConfig's default (every decoder layer), where memory allows: the first
+    `checkpointed_layers` decoder layers recompute their forward in the backward, the others keep their activations
+    (none checkpointed: `gradient_checkpointing` off)."""
+
+    checkpointed_layers: int
+    num_layers: int
+    peak_gib: float  # the planner's training peak with it
+
+    @property
+    def off(self) -> bool:
+        return self.checkpointed_layers == 0
+
+    def settings(self) -> dict[str, Any]:
+        """The GRPOConfig arguments it changes; the trainer keeps the later layers whole itself
+        (`ColocGRPOTrainer(checkpointed_layers=...)`)."""
+        return {"gradient_checkpointing": False} if self.off else {}
+
+    def message(self, limit_gib: float | None) -> str:
+        peak = f"training peak {self.peak_gib:.1f} GiB{'' if limit_gib is None else f' within {limit_gib:.1f} GiB'}"
+        if self.off:
+            return (
+                f"gradient checkpointing off: every layer's activations fit ({peak} without it), so the backward "
+                "recomputes no forward"
+            )
+        return (
+            f"gradient checkpointing on the first {self.checkpointed_layers} of {self.num_layers} layers: the last "
+            f"{self.num_layers - self.checkpointed_layers} keep their activations ({peak}), so the backward "
+            f"recomputes {self.checkpointed_layers} layers' forwards instead of {self.num_layers}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpointed_layers": self.checkpointed_layers,
+            "layers": self.num_layers,
+            "training_peak_gib": round(self.peak_gib, 2),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +64,9 @@ class MicroBatchMerge:
     # (k, training-phase peak in GiB) for every factor the planner was asked about, largest first.
     peaks_gib: tuple[tuple[int, float], ...] = ()
     limit_gib: float | None = None
-    # The training peak in GiB without gradient checkpointing where the planner turned it off (the job left
-    # `gradient_checkpointing` unset and the merged micro-batch's activations fit without it); None: as configured.
-    recompute_off_peak_gib: float | None = None
+    # Less gradient checkpointing, where the job left it to the planner and the merged micro-batch's activations
+    # fit with less of it; None: as configured.
+    recompute: Recompute | None = None
 
     @property
     def merged(self) -> bool:
@@ -34,21 +74,21 @@ class MicroBatchMerge:
 
     @property
     def recompute_off(self) -> bool:
-        """Whether the planner turned gradient checkpointing off."""
-        return self.recompute_off_peak_gib is not None
+        """Whether the planner turned gradient checkpointing off altogether."""
+        return self.recompute is not None and self.recompute.off
 
     @property
     def changes(self) -> bool:
         """Whether `rewrite` changes anything."""
-        return self.merged or self.recompute_off
+        return self.merged or self.recompute is not None
 
     def rewrite(self, grpo: Mapping[str, Any]) -> dict[str, Any]:
         """`grpo` (GRPOConfig keyword arguments) with the merged micro-batch. steps_per_generation is written only
         where it was set: unset, TRL derives it from G (the default) or from generation_batch_size, which both
         give S/k after the rewrite."""
         out = dict(grpo)
-        if self.recompute_off:
-            out["gradient_checkpointing"] = False
+        if self.recompute is not None:
+            out.update(self.recompute.settings())
         if not self.merged:
             return out
         k = self.factor
@@ -57,6 +97,13 @@ class MicroBatchMerge:
         if grpo.get("steps_per_generation") is not None:
             out["steps_per_generation"] = self.steps_per_generation // k
         return out
+
+    def trainer_options(self) -> dict[str, Any]:
+        """`ColocGRPOTrainer` keyword arguments that run the decision beside the rewritten GRPOConfig: the number of
+        checkpointed layers where only some are."""
+        if self.recompute is None or self.recompute.off:
+            return {}
+        return {"checkpointed_layers": self.recompute.checkpointed_layers}
 
     def message(self) -> str:
         b, g, s, k = (
@@ -72,16 +119,7 @@ class MicroBatchMerge:
                 f"training micro-batches merged {k} into 1: {g // k} x {b * k} rows per optimizer step instead of "
                 f"{g} x {b}, steps_per_generation {s} -> {s // k}, the generation batch unchanged; {self.reason}"
             )
-        return text + (f"; {self.recompute_message()}" if self.recompute_off else "")
-
-    def recompute_message(self) -> str:
-        """Why the backward does not recompute (only where `recompute_off`)."""
-        peak = f"training peak {self.recompute_off_peak_gib:.1f} GiB"
-        limit = "" if self.limit_gib is None else f" within {self.limit_gib:.1f} GiB"
-        return (
-            f"gradient checkpointing off: every layer's activations fit ({peak}{limit} without it), so the backward "
-            "recomputes no forward"
-        )
+        return text + ("" if self.recompute is None else f"; {self.recompute.message(self.limit_gib)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,8 +136,5 @@ class MicroBatchMerge:
             "reason": self.reason,
             "training_peak_gib": {str(k): round(v, 2) for k, v in self.peaks_gib},
             "limit_gib": None if self.limit_gib is None else round(self.limit_gib, 2),
-            "gradient_checkpointing_off": self.recompute_off,
-            "training_peak_gib_without_checkpointing": None
-            if self.recompute_off_peak_gib is None
-            else round(self.recompute_off_peak_gib, 2),
+            "recompute": None if self.recompute is None else self.recompute.to_dict(),
         }

@@ -60,7 +60,7 @@ from typing import Any
 
 from colocgrpo_training.config import MergePin
 from colocgrpo_training.planner.inputs import PlanInputs
-from colocgrpo_training.planner.merge import MicroBatchMerge
+from colocgrpo_training.planner.merge import MicroBatchMerge, Recompute
 from colocgrpo_training.planner.plan import TIGHT_HEADROOM_FRACTION, plan_inputs
 
 # How each loss type normalises a micro-batch's loss in TRL 1.16 `_compute_loss`.
@@ -208,7 +208,7 @@ def plan_micro_batches(
         return decision(1, unmerged or no_plan_reason)
     limit = (1 - TIGHT_HEADROOM_FRACTION) * inputs.gpu_memory_gib
     if unmerged:
-        return without_recompute(decision(1, unmerged, (), limit), grpo, inputs)
+        return less_recompute(decision(1, unmerged, (), limit), grpo, inputs)
 
     peaks: list[tuple[int, float]] = []
     for k in candidates:  # largest first; the peak grows with k
@@ -224,39 +224,37 @@ def plan_micro_batches(
     if k == 1:
         smallest, needed = peaks[-2]
         merge = decision(1, f"merging {smallest} would need {needed:.1f} GiB, over {budget}", tuple(peaks), limit)
-        return without_recompute(merge, grpo, inputs)
+        return less_recompute(merge, grpo, inputs)
     loss_type = _setting(grpo, "loss_type")
     why = f"the same step ({loss_type}: {EXACT_LOSS_TYPES[loss_type]}); training peak {peak:.1f} GiB within {budget}"
     if len(peaks) > 1:
         why += f"; merging {peaks[-2][0]} would need {peaks[-2][1]:.1f} GiB"
-    return without_recompute(decision(k, why, tuple(peaks), limit), grpo, inputs)
+    return less_recompute(decision(k, why, tuple(peaks), limit), grpo, inputs)
 
 
 def _merged(inputs: PlanInputs, b: int, s: int, k: int) -> PlanInputs:
     return dataclasses.replace(inputs, per_device_train_batch_size=b * k, steps_per_generation=max(1, s // k))
 
 
-def without_recompute(merge: MicroBatchMerge, grpo: Mapping[str, Any], inputs: PlanInputs | None) -> MicroBatchMerge:
-    """`merge` with gradient checkpointing turned off where the job leaves it to the planner and memory allows.
+def less_recompute(merge: MicroBatchMerge, grpo: Mapping[str, Any], inputs: PlanInputs | None) -> MicroBatchMerge:
+    """`merge` with less gradient checkpointing where the job leaves it to the planner and memory allows.
 
-    GRPOConfig turns checkpointing on by default; it makes the backward recompute each layer's forward, a third more
-    work for the training step, to hold one layer's activations instead of all of them. The merge is decided first
-    (fewer micro-batches save more than the recompute costs under ZeRO-3: docs/benchmarks/gpu.md), then, at the
-    merged micro-batch, checkpointing goes off when the planner's training peak without it is within the same
-    limit. A job that sets `gradient_checkpointing` (either way) or `gradient_checkpointing_kwargs` keeps its
-    setting; so does a job without a memory plan. The decision uses only the plan's inputs, so every rank that plans
-    the same inputs decides the same, and `agree_merge` keeps it only where every rank did (the recompute changes the
-    number of ZeRO-3 gathers)."""
+    GRPOConfig checkpoints every decoder layer by default: the backward recomputes each layer's forward, a third
+    more work for the training step, to hold one layer's input instead of all its activations. The merge is decided
+    first (fewer micro-batches save more than the recompute costs under ZeRO-3: docs/benchmarks/gpu.md), then, at
+    the merged micro-batch, the fewest checkpointed layers whose training peak is within the same limit: none, else
+    the first k of the model's layers, the others keeping their activations. A job that sets
+    `gradient_checkpointing` (either way) or `gradient_checkpointing_kwargs` keeps its setting; so does a job
+    without a memory plan. The decision uses only the plan's inputs, so every rank that plans the same inputs
+    decides the same, and `agree_merge` takes the most checkpointed of any rank's (the recompute changes the number
+    of ZeRO-3 gathers)."""
     chosen = any(grpo.get(key) is not None for key in ("gradient_checkpointing", "gradient_checkpointing_kwargs"))
-    if inputs is None or merge.limit_gib is None or chosen:
+    if inputs is None or merge.limit_gib is None or chosen or not inputs.gradient_checkpointing:
         return merge
-    if not inputs.gradient_checkpointing:
-        return merge
-    merged = dataclasses.replace(
-        _merged(inputs, merge.per_device_train_batch_size, merge.steps_per_generation, merge.factor),
-        gradient_checkpointing=False,
-    )
-    peak = plan_inputs(merged).per_gpu_training_gib
-    if peak > merge.limit_gib:
-        return merge
-    return dataclasses.replace(merge, recompute_off_peak_gib=peak)
+    merged = _merged(inputs, merge.per_device_train_batch_size, merge.steps_per_generation, merge.factor)
+    layers = inputs.shape.num_layers
+    for checkpointed in range(layers):  # the peak falls as more layers are checkpointed
+        peak = plan_inputs(dataclasses.replace(merged, checkpointed_layers=checkpointed)).per_gpu_training_gib
+        if peak <= merge.limit_gib:
+            return dataclasses.replace(merge, recompute=Recompute(checkpointed, layers, peak))
+    return merge

@@ -108,10 +108,15 @@ class MemoryPlan:
             out.append(self.micro_batches.message())
             for factor, peak in self.micro_batches.peaks_gib:
                 out.append(f"  merged {factor} into 1: training peak {peak:.2f} GiB")
-            if self.micro_batches.recompute_off_peak_gib is not None:
+            recompute = self.micro_batches.recompute
+            if recompute is not None:
+                how = (
+                    "no gradient checkpointing"
+                    if recompute.off
+                    else f"gradient checkpointing on {recompute.checkpointed_layers} of {recompute.num_layers} layers"
+                )
                 out.append(
-                    f"  merged {self.micro_batches.factor} into 1, no gradient checkpointing: training peak "
-                    f"{self.micro_batches.recompute_off_peak_gib:.2f} GiB"
+                    f"  merged {self.micro_batches.factor} into 1, {how}: training peak {recompute.peak_gib:.2f} GiB"
                 )
         if self.recommended_gpu_memory_utilization is not None and self.utilization_range:
             low, high = self.utilization_range
@@ -207,7 +212,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     reference = f.reference_model_bytes(p, n, i.zero_stage, i.offload_parameters, a) if i.beta > 0 else 0
     tokens = i.per_device_train_batch_size * i.sequence_tokens
     completion_tokens = i.per_device_train_batch_size * min(i.completion_tokens, i.sequence_tokens)
-    activations = f.activation_bytes(s, tokens, a, i.gradient_checkpointing)
+    activations = f.activation_bytes(s, tokens, a, i.checkpointed_layers)
     lm_head = f.fused_lm_head_bytes(s, completion_tokens, a)
     context = f.CUDA_CONTEXT_BYTES
 
@@ -274,8 +279,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
             "training",
             "activations",
             activations,
-            f"{i.per_device_train_batch_size} x {i.sequence_tokens} tokens, "
-            f"{'gradient checkpointing' if i.gradient_checkpointing else 'no gradient checkpointing'}",
+            f"{i.per_device_train_batch_size} x {i.sequence_tokens} tokens, {_checkpointing(i)}",
         ),
         Term(
             "training",
@@ -459,3 +463,12 @@ def generation_trainer_terms(
     if reference:  # a separate DeepSpeed engine without an optimizer: offload_states does not touch it
         out.append(Term("generation", "reference model (beta > 0)", reference, "16-bit weights, not offloaded"))
     return out, sum(moved.values())
+
+
+def _checkpointing(i: PlanInputs) -> str:
+    layers = i.shape.num_layers
+    if i.checkpointed_layers == 0:
+        return "no gradient checkpointing"
+    if i.checkpointed_layers >= layers:
+        return "gradient checkpointing"
+    return f"gradient checkpointing on {i.checkpointed_layers} of {layers} layers"
