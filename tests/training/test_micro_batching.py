@@ -143,3 +143,36 @@ def test_build_grpo_config_merges_for_a_real_job(tmp_path, tiny_model_dir):
     args, _ = build_grpo_config(config.model_copy(update={"training": TrainingSettings(micro_batch_merge=2)}))
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (8, 1, 1)
     assert args.generation_batch_size == 8
+
+
+def test_ranks_agree_on_the_most_checkpointed_layers_any_rank_planned(monkeypatch, caplog):
+    # What each rank planned, as agree_merge's gather returns it to every rank: the first rank's decision of the
+    # most checkpointed layers wins (as configured counts as every layer), the same on every rank.
+    from colocgrpo_training.planner.merge import MicroBatchMerge, Recompute
+
+    def decision(recompute: Recompute | None) -> MicroBatchMerge:
+        return MicroBatchMerge(2, 16, 4, 8, "fits", ((2, 100.0),), 132.8, recompute)
+
+    off, first18, first20 = Recompute(0, 32, 120.0), Recompute(18, 32, 132.2), Recompute(20, 32, 130.0)
+
+    def agreed(mine: Recompute | None, everyone: list[Recompute | None]) -> MicroBatchMerge:
+        plans = [(2, "fits", plan) for plan in everyone]
+        monkeypatch.setattr(micro_batching, "gather", lambda local: plans)
+        return agree_merge(decision(mine))
+
+    with caplog.at_level(logging.WARNING, logger="colocgrpo.micro_batches"):
+        assert agreed(first18, [first18, first18, first18, first18]).recompute == first18
+        assert not caplog.records  # every rank planned the same: nothing to warn about
+        assert agreed(off, [off, first18, first20, off]).recompute == first20
+        assert agreed(first18, [off, first18, first20, off]).recompute == first20
+        assert agreed(first20, [off, first18, first20, off]).recompute == first20
+        together = agreed(off, [off, first18, None, first20])
+    assert together.recompute is None and together.trainer_options() == {} and together.changes  # merged 2
+    assert "gradient_checkpointing" not in together.rewrite({"per_device_train_batch_size": 16})
+    assert caplog.records[-1].getMessage() == (
+        "this rank planned gradient checkpointing on no layer; every rank runs it on every layer, as configured, the "
+        "most of any rank (per rank: ['no layer', '18 of 32 layers', 'every layer, as configured', '20 of 32 layers'])"
+    )
+    # the agreed plan runs as the trainer's option where it is some layers, as GRPOConfig's where it is none
+    assert agreed(off, [off, first20]).trainer_options() == {"checkpointed_layers": 20}
+    assert agreed(off, [off, off]).rewrite({})["gradient_checkpointing"] is False
