@@ -159,11 +159,12 @@ def worker(name: str, model_dir: str, out: Path, warmup: int, measured: int) -> 
 
 
 # ---------------------------------------------------------------- the variant matrix (one process)
-# name: (what it measures, rows per micro-batch — None: the size's —, gradient checkpointing). Train
+# name: (what it measures, rows per micro-batch — None: the size's —, gradient checkpointing: True, False, or an int k
+# for the first k decoder layers only, as ColocGRPOTrainer(checkpointed_layers=k) runs it). Train
 # variants run a whole optimizer step (the size's rows per step, split into micro-batches of that many
 # rows); `oldlogp-*` run the no-grad forward of one generation's rows in chunks of that many rows
 # (-1: as many as ColocGRPOTrainer's default no-grad token budget gives).
-VARIANTS: dict[str, tuple[str, int | None, bool]] = {
+VARIANTS: dict[str, tuple[str, int | None, bool | int]] = {
     "oldlogp-16": ("oldlogp", None, False),  # TRL: one chunk per micro-batch (per_device_train_batch_size)
     "oldlogp-auto": ("oldlogp", -1, False),  # ColocGRPOTrainer's default (`no_grad_rows`)
     "oldlogp-128": ("oldlogp", 128, False),  # one chunk for the whole generation
@@ -171,7 +172,10 @@ VARIANTS: dict[str, tuple[str, int | None, bool]] = {
     "mb32": ("train", 32, True),  # the same 64 rows in 2 micro-batches
     "mb64": ("train", 64, True),  # ... in 1 micro-batch
     "base-again": ("train", None, True),  # the baseline repeated: the drift within the run
-    "no-ckpt": ("train", None, False),  # 4 x 16 without checkpointing (the most memory: last)
+    "no-ckpt": ("train", None, False),  # 4 x 16 without checkpointing
+    # 1 x 64 with the first 18 of 32 layers checkpointed, the planner's choice at 7.18B on an H200 (the most memory:
+    # last)
+    "mb64-first18": ("train", 64, 18),
 }
 
 
@@ -232,11 +236,16 @@ def variants_worker(
         if not cpu:
             torch.cuda.synchronize()
 
-    def set_checkpointing(on: bool) -> None:
-        if on:
-            engine.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            engine.module.gradient_checkpointing_disable()
+    def set_checkpointing(value: bool | int) -> None:
+        from colocgrpo_training.generation.checkpointing import decoder_layers
+
+        engine.module.gradient_checkpointing_disable()
+        if value is False:
+            return
+        engine.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if value is not True:
+            for layer in decoder_layers(engine.module)[value:]:
+                layer.gradient_checkpointing = False
 
     results: list[dict] = []
 
@@ -316,6 +325,12 @@ def variants_worker(
     save()
 
 
+def _checkpointing(value: bool | int) -> str:
+    if value is True or value is False:
+        return "on" if value else "off"
+    return f"first {value} layers"
+
+
 def variants_table(results: list[dict], warmup: int) -> list[str]:
     """The matrix as a table: each train variant against `base`, each old-log-prob chunking against
     the first; the first measured step's loss and gradient norm, which must agree at lr 0."""
@@ -340,7 +355,7 @@ def variants_table(results: list[dict], warmup: int) -> list[str]:
         norm = r["grad_norms"][warmup] if len(r["grad_norms"]) > warmup else None
         lines.append(
             f"| {r['variant']} | {'optimizer step' if r['kind'] == 'train' else 'old log-probs, one generation'} "
-            f"| {r['rows_per_chunk']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['median_s']:.3f} "
+            f"| {r['rows_per_chunk']} | {_checkpointing(r['gradient_checkpointing'])} | {r['median_s']:.3f} "
             f"| {r['median_s'] / base[r['kind']]:.2f} | {times} | {loss if loss is None else f'{loss:.6g}'} "
             f"| {norm if norm is None else f'{norm:.6g}'} | {r['peak_allocated_bytes'] / 2**30:.1f} |"
         )

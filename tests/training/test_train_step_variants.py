@@ -50,4 +50,6 @@ def test_every_variant_computes_the_baselines_step(tmp_path, tiny_model_dir, tra
         if r["kind"] == "train":
             assert r["grad_norms"] == pytest.approx(base["grad_norms"], rel=1e-4), name
     assert by_name["mb64"]["rows_per_chunk"] == 64 and not by_name["no-ckpt"]["gradient_checkpointing"]
-    assert "| no-ckpt | optimizer step | 16 | off |" in (tmp_path / "variants.md").read_text()
+    table = (tmp_path / "variants.md").read_text()
+    assert "| no-ckpt | optimizer step | 16 | off |" in table
+    assert "| mb64-first18 | optimizer step | 64 | first 18 layers |" in table
