@@ -77,11 +77,20 @@ def test_activation_bytes_hand_computed_for_smollm2():
     # without: every layer keeps everything (6.21e9 bytes = 5.78 GiB; measured 5.74 GiB)
     assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 0) == 30 * tokens * 25_152 + tokens * 3456
     assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 0) > 5 * f.activation_bytes(SMOLLM2_135M, tokens, 2, 30)
-    # the first 10 checkpointed: their inputs, the other 20 layers whole, and the recompute's share on top
-    partial = 10 * tokens * 1152 + 20 * tokens * 25_152 + tokens * 25_152 + 2 * tokens * 1152 + tokens * 3072
-    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 10) == partial + tokens * 3456
-    peaks = [f.activation_bytes(SMOLLM2_135M, tokens, 2, k) for k in range(31)]
-    assert peaks[1:] == sorted(peaks[1:], reverse=True)  # each layer more checkpointed holds less
+    # the first 10 checkpointed, the last 20 whole: their inputs, and the larger of the 20 whole layers (the backward
+    # frees them first) and one recompute (tokens x (25,152 + 2 x 1152 + 3072))
+    recompute = tokens * 25_152 + 2 * tokens * 1152 + tokens * 3072
+    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 10) == 10 * tokens * 1152 + 20 * tokens * 25_152 + tokens * 3456
+    # 29 of 30: one whole layer is less than a recompute, so the recompute sets the peak
+    assert f.activation_bytes(SMOLLM2_135M, tokens, 2, 29) == 29 * tokens * 1152 + recompute + tokens * 3456
+    # interleaved (transformers' every_n_layers): a recompute can come while whole layers below are held
+    interleaved = f.activation_bytes(SMOLLM2_135M, tokens, 2, 10, whole_layers_last=False)
+    assert interleaved == 10 * tokens * 1152 + 20 * tokens * 25_152 + recompute + tokens * 3456
+    # every layer, or none: the same either way
+    for k in (0, 30):
+        assert f.activation_bytes(SMOLLM2_135M, tokens, 2, k, whole_layers_last=False) == f.activation_bytes(
+            SMOLLM2_135M, tokens, 2, k
+        )
 
 
 def test_every_n_layers_checkpoints_layers_0_n_2n():

@@ -52,4 +52,4 @@ def test_every_variant_computes_the_baselines_step(tmp_path, tiny_model_dir, tra
     assert by_name["mb64"]["rows_per_chunk"] == 64 and not by_name["no-ckpt"]["gradient_checkpointing"]
     table = (tmp_path / "variants.md").read_text()
     assert "| no-ckpt | optimizer step | 16 | off |" in table
-    assert "| mb64-first18 | optimizer step | 64 | first 18 layers |" in table
+    assert "| mb64-first17 | optimizer step | 64 | first 17 layers |" in table

@@ -200,7 +200,9 @@ def checkpointed_layers(num_layers: int, every_n_layers: int) -> int:
     return len(range(0, num_layers, max(1, every_n_layers)))
 
 
-def activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, checkpointed: int) -> int:
+def activation_bytes(
+    shape: ModelShape, tokens: int, dtype_bytes: int, checkpointed: int, whole_layers_last: bool = True
+) -> int:
     """Peak activation memory of one micro-batch of `tokens` tokens (batch x padded sequence length), with
     `checkpointed` of the decoder layers under gradient checkpointing (0: none, `shape.num_layers`: every one).
 
@@ -208,9 +210,12 @@ def activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, checkpoin
     per-decoder-layer checkpointing only a checkpointed layer's input survives the forward (tokens x a*h); the
     backward then recomputes one checkpointed layer at a time (tokens x per-layer bytes), holds the gradient flowing
     between layers (2 x tokens x a*h) and, inside the recomputed layer's backward, one MLP-wide gradient
-    (tokens x a*i; measured, see above). Plus the final norm (tokens x (4+a)h). With some layers kept whole, the
-    recompute's share is counted on top of all of them: an upper bound wherever the kept layers' backward frees
-    theirs before the first recompute (the trainer keeps the last layers whole: generation/checkpointing.py).
+    (tokens x a*i; measured, see above). Plus the final norm (tokens x (4+a)h).
+
+    Some layers checkpointed: where the whole layers are the last ones (`whole_layers_last`, the trainer's pattern:
+    generation/checkpointing.py), the backward frees them before the first recompute, so the peak is the larger of
+    the two moments, all stored activations or the checkpointed inputs plus one recompute. Where they interleave
+    (transformers' `every_n_layers`), a recompute can come while whole layers below are still held: both counted.
     """
     a, h = dtype_bytes, shape.hidden_size
     per_layer = activation_bytes_per_token_per_layer(shape, dtype_bytes)
@@ -219,8 +224,10 @@ def activation_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, checkpoin
     kept_whole = (shape.num_layers - checkpointed) * tokens * per_layer
     if checkpointed == 0:
         return kept_whole + final_norm
+    inputs = checkpointed * tokens * a * h
     recompute = tokens * per_layer + 2 * tokens * a * h + tokens * a * shape.intermediate_size
-    return checkpointed * tokens * a * h + kept_whole + recompute + final_norm
+    held = max(kept_whole, recompute) if whole_layers_last else kept_whole + recompute
+    return inputs + held + final_norm
 
 
 def fused_lm_head_bytes(shape: ModelShape, completion_tokens: int, dtype_bytes: int) -> int:

@@ -69,6 +69,8 @@ class PlanInputs:
     gpu_memory_gib: float
     assumptions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    # The layers kept whole are the last ones (the planner's pattern); False: interleaved (`every_n_layers`).
+    whole_layers_last: bool = True
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -261,6 +263,7 @@ def resolve_inputs(request: PlanRequest, *, base_dir: Path | None = None) -> Pla
         prompt_tokens=prompt,
         completion_tokens=completion,
         checkpointed_layers=checkpointed,
+        whole_layers_last=every_n_layers == 1,
         beta=beta,
         gpu_memory_gib=DEFAULT_GPU_MEMORY_GIB if gib is None else gib,
         assumptions=tuple(assumptions),

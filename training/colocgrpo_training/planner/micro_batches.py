@@ -253,8 +253,9 @@ def less_recompute(merge: MicroBatchMerge, grpo: Mapping[str, Any], inputs: Plan
         return merge
     merged = _merged(inputs, merge.per_device_train_batch_size, merge.steps_per_generation, merge.factor)
     layers = inputs.shape.num_layers
-    for checkpointed in range(layers):  # the peak falls as more layers are checkpointed
-        peak = plan_inputs(dataclasses.replace(merged, checkpointed_layers=checkpointed)).per_gpu_training_gib
+    for checkpointed in range(layers):  # the fewest first (not always the largest peak: k = 1 adds a recompute)
+        pattern = dataclasses.replace(merged, checkpointed_layers=checkpointed, whole_layers_last=True)
+        peak = plan_inputs(pattern).per_gpu_training_gib
         if peak <= merge.limit_gib:
             return dataclasses.replace(merge, recompute=Recompute(checkpointed, layers, peak))
     return merge

@@ -212,7 +212,7 @@ def plan_inputs(i: PlanInputs) -> MemoryPlan:
     reference = f.reference_model_bytes(p, n, i.zero_stage, i.offload_parameters, a) if i.beta > 0 else 0
     tokens = i.per_device_train_batch_size * i.sequence_tokens
     completion_tokens = i.per_device_train_batch_size * min(i.completion_tokens, i.sequence_tokens)
-    activations = f.activation_bytes(s, tokens, a, i.checkpointed_layers)
+    activations = f.activation_bytes(s, tokens, a, i.checkpointed_layers, i.whole_layers_last)
     lm_head = f.fused_lm_head_bytes(s, completion_tokens, a)
     context = f.CUDA_CONTEXT_BYTES
 
