@@ -8,7 +8,7 @@ then on each rank appends JSON lines to `DIR/rank<R>.jsonl`:
 - `sleep`: each sleep the engine was put to, and `decision`: the controller's level and modeled costs;
 - `push`: after every weight push, whether the engine's weights equal the trainer's weights
   gathered by DeepSpeed (`GatheredParameters`, independently of the push's own gather) bit for
-  bit, their digest, and how the ZeRO-3 partitions are laid out;
+  bit, their digest, how the ZeRO-3 partitions are laid out, and which decoder layers are checkpointed;
 - `agree`: a rank's own measurement and the value all ranks agreed on;
 - `no_grad_forward`: the rows of each log-prob forward the trainer ran without gradients (TRL's old log-probs);
 - `log`: every set of values the trainer logged (`Trainer.log`).
@@ -182,8 +182,11 @@ class Probe:
             if self.pushes == 0 and self.rank == 0:
                 torch.save({n: t.clone() for n, t in gathered}, self.path.parent / "first-push.pt")
         self.pushes += 1
+        from colocgrpo_training.generation.checkpointing import layer_checkpointing
+
         self.record(
             "push",
+            checkpointing=layer_checkpointing(engine.model),
             version=engine.weight_version(),
             equal=equal,
             digest=digest,

@@ -17,7 +17,8 @@ killed). The engine is the CPU stand-in; `support.rank_probe` makes the ranks se
   GRPOConfig built again once the process group exists).
 - gpu: one rank's GPU is far smaller (`rank_probe.GPU_MEMORY_ENV`, the memory the micro-batch merge reads): the others
   plan to merge micro-batches 2 into 1 without gradient checkpointing, it plans neither; every rank must run the same
-  micro-batches and the same recompute.
+  micro-batches and the same recompute. Then one rank's GPU leaves room for one layer's activations less: it plans
+  the first layer checkpointed, the others none; every rank checkpoints that layer and trains the same model.
 - undecided: one rank cannot plan at all (its GPU's memory cannot be read): every rank stops, with one error.
 
 Where the math is the same as TRL's own path (no deferral, no merge, TRL's no-grad chunks), the final weights equal
@@ -26,6 +27,7 @@ those of the same job run that way.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -50,18 +52,8 @@ NO_GRAD_TOKENS = 2 * PER_DEVICE * (PROMPT_TOKENS + SHORT)
 EPOCH_PROMPTS, EPOCH_S, EPOCH_G = 9, 3, 2
 
 
-def launch(
-    root: Path,
-    name: str,
-    model: Path,
-    env: dict[str, str],
-    trainer_args: dict,
-    probe: dict[str, str],
-    *,
-    prompts: int = 16,
-    merge: str = "auto",
-) -> Launch:
-    work = root / name
+def job_in(work: Path, name: str, model: Path, trainer_args: dict, *, prompts: int = 16, merge: str = "auto") -> dict:
+    """The job every case launches (its files written under `work`)."""
     work.mkdir(parents=True)
     job = cpu_pod_job(
         work,
@@ -75,7 +67,22 @@ def launch(
         prompts=prompts,
     )
     job["spec"]["training"] = {"microBatchMerge": merge}
-    return launch_probed(job, work, env, probe, world=WORLD, limit_s=LAUNCH_LIMIT_S)
+    return job
+
+
+def launch(
+    root: Path,
+    name: str,
+    model: Path,
+    env: dict[str, str],
+    trainer_args: dict,
+    probe: dict[str, str],
+    *,
+    prompts: int = 16,
+    merge: str = "auto",
+) -> Launch:
+    job = job_in(root / name, name, model, trainer_args, prompts=prompts, merge=merge)
+    return launch_probed(job, root / name, env, probe, world=WORLD, limit_s=LAUNCH_LIMIT_S)
 
 
 def trl_path(probe: dict[str, str]) -> dict[str, str]:
@@ -225,8 +232,14 @@ def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(roo
     ) in run.stderr
 
 
-def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
-    run = launch(root, "merged", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"{ALL}:80"))
+@pytest.fixture(scope="module")
+def merged_run(root, tiny_model_dir, env) -> Launch:
+    """Every rank on an 80 GiB GPU: each plans the merge without gradient checkpointing."""
+    return launch(root, "merged", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"{ALL}:80"))
+
+
+def test_ranks_that_all_plan_the_merge_run_it(merged_run):
+    run = merged_run
     assert run.returncode == 0, run.tail()
     assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
     # The GRPOConfig built again with the merged micro-batch, after the process group started: 1 x 4 rows per step.
@@ -236,6 +249,67 @@ def test_ranks_that_all_plan_the_merge_run_it(root, tiny_model_dir, env):
     merged = next(line for line in run.stderr.splitlines() if "rank0 INFO colocgrpo.micro_batches" in line)
     assert "gradient checkpointing off: every layer's activations fit" in merged, merged
     assert "WARNING colocgrpo.micro_batches" not in run.stderr
+    for rank in range(WORLD):  # no layer checkpointed at any push
+        assert {tuple(push["checkpointing"]) for push in run.events(rank, "push")} == {(False, False)}
+
+
+def one_checkpointed_layer_gib(work: Path, model: Path) -> float:
+    """A GPU size, in GiB, on which the merged micro-batch's planned training peak fits with the tiny model's first
+    layer checkpointed but not with none: the trainer's own planner (`merge_micro_batches`) on the job's rendered
+    trainer config, checked to decide so."""
+    from colocgrpo_training.config import TrainerConfig
+    from colocgrpo_training.grpo_args import grpo_kwargs
+    from colocgrpo_training.micro_batching import merge_micro_batches, model_config
+    from colocgrpo_training.planner.inputs import resolve_inputs
+    from colocgrpo_training.planner.micro_batches import TIGHT_HEADROOM_FRACTION
+    from colocgrpo_training.planner.plan import plan_inputs
+    from colocgrpo_training.planner.request import from_trainer_config
+    from support.local_pod import render_pod
+
+    render_pod(job_in(work, "plan", model, MERGE_ARGS), work / "config", reward_modules_dir=work / "rewards")
+    config = TrainerConfig.load(work / "config" / "grpo.yaml")
+    request = from_trainer_config(config, grpo_kwargs(config))
+
+    def decided(gib: float):
+        resources = request.resources.model_copy(update={"gpu_memory_gib": gib})
+        return merge_micro_batches(dataclasses.replace(request, resources=resources))[1]
+
+    merge = decided(80.0)
+    assert merge.factor == 2 and merge.recompute_off, merge.message()
+    where, _ = model_config(request.model)
+    resources = request.resources.model_copy(update={"gpu_memory_gib": 80.0})
+    inputs = dataclasses.replace(
+        resolve_inputs(dataclasses.replace(request, model=where, resources=resources)),
+        per_device_train_batch_size=PER_DEVICE * 2,
+        steps_per_generation=1,
+    )
+    none, first = (plan_inputs(dataclasses.replace(inputs, checkpointed_layers=k)).per_gpu_training_gib for k in (0, 1))
+    gib = (none + first) / 2 / (1 - TIGHT_HEADROOM_FRACTION)
+    merge = decided(gib)
+    assert merge.factor == 2 and merge.recompute is not None, merge.message()
+    assert (merge.recompute.checkpointed_layers, merge.recompute.num_layers) == (1, 2), merge.message()
+    return gib
+
+
+def test_ranks_that_plan_fewer_checkpointed_layers_run_the_most_any_planned(root, tiny_model_dir, env, merged_run):
+    # Ranks 0-2 plan the merged micro-batch without checkpointing; rank 3's GPU leaves room for the second layer's
+    # activations only: every rank checkpoints the first layer, and trains the model the unchecked run trains.
+    gib = one_checkpointed_layer_gib(root / "plan", tiny_model_dir)
+    run = launch(root, "partial", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"0,1,2:80;3:{gib!r}"))
+    assert run.returncode == 0, run.tail()
+    assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
+    for rank in (0, 1, 2):
+        warning = f"rank{rank} WARNING colocgrpo.micro_batches: this rank planned gradient checkpointing on no layer; "
+        assert warning in run.stderr, run.tail()
+    assert (
+        "every rank runs it on 1 of 2 layers, the most of any rank (per rank: ['no layer', 'no layer', 'no layer', "
+        "'1 of 2 layers'])"
+    ) in run.stderr
+    assert "WARNING colocgrpo.micro_batches: this rank planned gradient checkpointing on 1 of 2" not in run.stderr
+    for rank in range(WORLD):  # at every push, after the generations' no-grad forwards too
+        pushes = run.events(rank, "push")
+        assert len(pushes) >= 2 and {tuple(push["checkpointing"]) for push in pushes} == {(True, False)}, rank
+    assert_same_weights(run, merged_run, tiny_model_dir)
 
 
 def test_a_rank_that_cannot_plan_stops_every_rank_with_its_reason(root, tiny_model_dir, env):
