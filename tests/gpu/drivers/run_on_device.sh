@@ -20,6 +20,7 @@
 #   PARTS=gen-profile bash tests/gpu/drivers/run_on_device.sh        # where one large-size generate goes (≤ 4.5 min)
 #   PARTS=zero3 bash tests/gpu/drivers/run_on_device.sh              # ~7B training side per DeepSpeed file (~5 min)
 #   PARTS=zero3-variants bash tests/gpu/drivers/run_on_device.sh     # ~7B training-side candidates, one process (~5 min)
+#   PARTS=calibrate bash tests/gpu/drivers/run_on_device.sh          # the planner's activation formula, measured (~2 min)
 # Trainer-state offload and the ZeRO-3 gather path, one call each (each ≤ 9 min alone):
 #   PARTS=offload            bit-identical offload round trips, freed memory = the plan (~3 min)
 #   PARTS=offload-memory     the large size: memory and utilization before/while/after the offload (~4 min)
@@ -226,6 +227,13 @@ if [[ ",$PARTS," == *",zero3-variants,"* ]]; then
     --out "$WORK/zero3-variants" --variants "${ZERO3_VARIANTS:-all}" --measured-steps "${ZERO3_MEASURED:-5}" \
     --timeout $(( left - 20 )) ${ZERO3_ARGS:-}
   [[ -f "$WORK/zero3-variants/variants.md" ]] && cat "$WORK/zero3-variants/variants.md" >>"$SUMMARY"
+fi
+
+if [[ ",$PARTS," == *",calibrate,"* ]]; then
+  # The planner's activation formula against one forward + backward per shape and checkpointing (every layer, the
+  # first half, none): bench/planner/calibrate_activations.py, models built from the planner's table.
+  mkdir -p "$WORK/calibrate"
+  run_part calibrate 240 "$PY" -m bench.planner.calibrate_activations --out "$WORK/calibrate/result.json"
 fi
 
 if [[ ",$PARTS," == *",seed-model,"* ]]; then
