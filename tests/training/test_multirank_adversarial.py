@@ -211,6 +211,16 @@ def gpu_memory(spec: str) -> dict[str, str]:
     return {rank_probe.GPU_MEMORY_ENV: spec}
 
 
+def assert_overruled_checkpointing(run: Launch, rank3_plan: str) -> None:
+    """Ranks 0-2 planned no gradient checkpointing, rank 3 `rank3_plan`: the three warn that every rank runs rank 3's,
+    naming each rank's plan."""
+    for rank in (0, 1, 2):
+        warning = f"rank{rank} WARNING colocgrpo.micro_batches: this rank planned gradient checkpointing on no layer; "
+        assert warning in run.stderr, run.tail()
+    plans = ["no layer"] * 3 + [rank3_plan]
+    assert f"every rank runs it on {rank3_plan}, the most of any rank (per rank: {plans!r})" in run.stderr, run.tail()
+
+
 def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(root, tiny_model_dir, env):
     run = launch(root, "gpu", tiny_model_dir, env, MERGE_ARGS, gpu_memory("0,1,2:80;3:0.01"))
     assert run.returncode == 0, run.tail()
@@ -223,13 +233,7 @@ def test_a_rank_told_its_gpu_is_smaller_runs_the_micro_batches_of_every_rank(roo
     assert "every rank takes 1, the smallest of any rank (per rank: [2, 2, 2, 1])" in run.stderr
     # They also planned the merged micro-batch without gradient checkpointing, which rank 3's memory does not allow:
     # every rank recomputes (a rank that recomputes gathers each layer's partitions again in its backward).
-    for rank in (0, 1, 2):
-        warning = f"rank{rank} WARNING colocgrpo.micro_batches: this rank planned gradient checkpointing on no layer; "
-        assert warning in run.stderr, run.tail()
-    assert (
-        "every rank runs it on every layer, as configured, the most of any rank (per rank: ['no layer', 'no layer', "
-        "'no layer', 'every layer, as configured'])"
-    ) in run.stderr
+    assert_overruled_checkpointing(run, "every layer, as configured")
 
 
 @pytest.fixture(scope="module")
@@ -298,13 +302,7 @@ def test_ranks_that_plan_fewer_checkpointed_layers_run_the_most_any_planned(root
     run = launch(root, "partial", tiny_model_dir, env, MERGE_ARGS, gpu_memory(f"0,1,2:80;3:{gib!r}"))
     assert run.returncode == 0, run.tail()
     assert max(run.progress_steps()) == MERGE_ARGS["max_steps"]
-    for rank in (0, 1, 2):
-        warning = f"rank{rank} WARNING colocgrpo.micro_batches: this rank planned gradient checkpointing on no layer; "
-        assert warning in run.stderr, run.tail()
-    assert (
-        "every rank runs it on 1 of 2 layers, the most of any rank (per rank: ['no layer', 'no layer', 'no layer', "
-        "'1 of 2 layers'])"
-    ) in run.stderr
+    assert_overruled_checkpointing(run, "1 of 2 layers")
     assert "WARNING colocgrpo.micro_batches: this rank planned gradient checkpointing on 1 of 2" not in run.stderr
     for rank in range(WORLD):  # at every push, after the generations' no-grad forwards too
         pushes = run.events(rank, "push")
