@@ -237,15 +237,14 @@ def variants_worker(
             torch.cuda.synchronize()
 
     def set_checkpointing(value: bool | int) -> None:
-        from colocgrpo_training.generation.checkpointing import decoder_layers
+        from colocgrpo_training.generation.checkpointing import checkpoint_first_layers
 
         engine.module.gradient_checkpointing_disable()
         if value is False:
             return
         engine.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if value is not True:
-            for layer in decoder_layers(engine.module)[value:]:
-                layer.gradient_checkpointing = False
+            checkpoint_first_layers(engine.module, value)
 
     results: list[dict] = []
 

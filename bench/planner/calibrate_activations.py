@@ -18,6 +18,7 @@ import subprocess
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from colocgrpo_training.generation.checkpointing import checkpoint_first_layers
 from colocgrpo_training.planner import BUILTIN_SHAPES, ModelShape
 from colocgrpo_training.planner import formulas as f
 
@@ -54,8 +55,7 @@ def measure(model: torch.nn.Module, batch: int, seq: int, checkpointed: int) -> 
     model.gradient_checkpointing_disable()
     if checkpointed:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        for layer in list(model.model.layers)[checkpointed:]:
-            layer.gradient_checkpointing = False
+        checkpoint_first_layers(model, checkpointed)
     model.train()
     model.zero_grad(set_to_none=True)
     # one warm-up step so parameter gradients exist and cuBLAS workspaces are allocated

@@ -68,6 +68,12 @@ def layer_checkpointing(model: Any) -> list[bool]:
     return [bool(layer.gradient_checkpointing) for layer in decoder_layers(model)]
 
 
+def checkpoint_first_layers(model: Any, checkpointed: int) -> None:
+    """With checkpointing on, every decoder layer after the first `checkpointed` keeps its activations instead."""
+    for layer in decoder_layers(model)[checkpointed:]:
+        layer.gradient_checkpointing = False
+
+
 class PartialRecompute(TrainerCallback):
     """Checkpointing on the first `checkpointed` decoder layers only: at the start of training, after the Trainer
     turned it on for every layer, the later layers keep their activations instead."""
@@ -80,8 +86,5 @@ class PartialRecompute(TrainerCallback):
         self.checkpointed = checkpointed
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if not args.gradient_checkpointing or model is None:
-            return
-        layers = decoder_layers(model)
-        for layer in layers[self.checkpointed :]:
-            layer.gradient_checkpointing = False
+        if args.gradient_checkpointing and model is not None:
+            checkpoint_first_layers(model, self.checkpointed)
