@@ -73,9 +73,12 @@ def test_the_four_gpu_command_runs_on_cpu_at_dp2_tp2(tmp_path, tiny_model_dir, t
     for part in ("integrity", "learning", "bench"):
         assert re.search(rf"^{part}: rc=0 ", summary, re.M), summary
 
-    # Integrity: every one of the 4 ranks ran the suite (auto over one schedule, the naive level-2 wake).
-    integrity = (out / "integrity.log").read_text()
-    assert len(re.findall(r"^=+ 2 passed", integrity, re.M)) == 4, integrity[-3000:]
+    # Integrity: every one of the 4 ranks ran the suite (auto over one schedule, the naive level-2 wake), each
+    # rank's output whole in a file of its own, in rank order.
+    integrity = (out / "integrity-ranks.log").read_text()
+    assert re.findall(r"^--- rank (\d+)", integrity, re.M) == ["0", "1", "2", "3"], integrity[-3000:]
+    for rank_log in re.split(r"^--- rank \d+\n", integrity, flags=re.M)[1:]:
+        assert re.search(r"^=+ 2 passed", rank_log, re.M), rank_log[-3000:]
     checked = json.loads((work / "integrity" / "weight_integrity.json").read_text())
     assert (checked["processes"], checked["tensor_parallel_size"]) == (4, 2)
     assert checked["policies"]["auto"]["runs"][0]["fresh_margins"]

@@ -41,6 +41,7 @@
 #   summary.txt        parts, exit codes, seconds, verdicts, GPU, versions (read this first)
 #   results.tar.gz     every part's JSON, CSV and logs (no checkpoints or weights)
 #   integrity.log learning.log bench.log   each part's console output (tail-capped)
+#   integrity-ranks.log   NPROC > 1: each rank's own integrity output, in rank order (tail-capped)
 #   pair-K.json        PARTS=pair: that run's bench.json (for bench/pair_table.py)
 #   generate_profile.json generate_profile_ops.txt   PARTS=gen-profile: the report and its profiler op tables
 # Extra arguments: LEARN_ARGS="..." for learning_run.py, BENCH_ARGS="..." for python -m bench.grpo
@@ -110,8 +111,11 @@ fi
 # trainer does (pytest_exit.py).
 PYTEST_MODULE=(-m pytest -p tests.gpu.drivers.pytest_exit)
 # The integrity suite in NPROC processes (each rank checks its share of its TP group's generates).
+# With several, each rank writes to a file of its own under $WORK/integrity/ranks (torch's launcher redirects them):
+# ranks writing one console interleave their lines, so no rank's result could be read whole.
 if (( NPROC > 1 )); then
-  PYTEST=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" "${PYTEST_MODULE[@]}")
+  PYTEST=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC"
+    --log-dir "$WORK/integrity/ranks" --redirects 3 "${PYTEST_MODULE[@]}")
 else
   PYTEST=("$PY" "${PYTEST_MODULE[@]}")
 fi
@@ -170,7 +174,15 @@ if [[ ",$PARTS," == *",integrity,"* ]]; then
   # --noconftest: the shared conftest wants the cluster tooling, absent on the GPU machine.
   run_part integrity "$limit" \
     "${PYTEST[@]}" -p no:cacheprovider --noconftest -m gpu -v -rA tests/gpu/test_weight_integrity.py "${junit[@]}"
-  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/integrity.log" | tail -8 >>"$SUMMARY"
+  if (( NPROC > 1 )); then
+    # Each rank's output in rank order (its last 80 lines): the launcher's rank directories are named by local rank.
+    for dir in $(find "$WORK/integrity/ranks" -mindepth 3 -maxdepth 3 -type d 2>/dev/null | sort -V); do
+      echo "--- rank ${dir##*/}"; tail -n 80 "$dir/stderr.log" "$dir/stdout.log" 2>/dev/null
+    done >"$OUT/integrity-ranks.log"
+    grep -E "^--- rank|^(PASSED|FAILED|ERROR|SKIPPED) |^=+ .*(passed|failed)" "$OUT/integrity-ranks.log" >>"$SUMMARY"
+  else
+    grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/integrity.log" | tail -8 >>"$SUMMARY"
+  fi
 fi
 if [[ ",$PARTS," == *",push,"* ]]; then
   # The weight push's no-gather source equals DeepSpeed's gathered weights after real steps.
