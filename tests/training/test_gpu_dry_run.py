@@ -139,16 +139,58 @@ def test_a_seed_size_pair_against_trls_best_runs_on_cpu(tmp_path, tiny_model_dir
     assert not left_out and row["trl_best"] and row["size"] == "seed-cpu"
 
 
-def test_the_generate_profile_part_runs_on_cpu_and_returns_its_files(tmp_path, tiny_model_dir, trainer_env):
-    """`PARTS=gen-profile` as a CPU dry run: bench.generate_profile with the stand-in, its table in the summary,
-    its report and op tables among the few files the machine returns."""
-    out = tmp_path / "out"
-    env = dry_run_env(trainer_env, tmp_path, tiny_model_dir, PARTS="gen-profile", GEN_PROFILE_REPS="1")
+def test_the_generate_profile_part_times_every_variant_on_cpu_and_returns_its_files(
+    tmp_path, tiny_model_dir, trainer_env
+):
+    """`PARTS=gen-profile` as a CPU dry run: bench.generate_profile with the stand-in and the tiny model, every variant
+    timed against the floor, the profiler's op tables, its table in the summary, and its report and op tables among the
+    few files the machine returns. No timing is checked beyond being positive (a CPU dry run measures nothing)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dry_run_env(trainer_env, tmp_path, tiny_model_dir, PARTS="gen-profile", GEN_PROFILE_REPS="2")
     returncode, console = run_script(env, tmp_path)
     summary = (out / "summary.txt").read_text()
     assert returncode == 0, f"{summary}\n{console[-3000:]}\n{(out / 'gen-profile.log').read_text()[-3000:]}"
     assert re.search(r"^gen-profile: rc=0 ", summary, re.M), summary
-    assert "| trainer | measured | 1 |" in summary and "CPU DRY RUN" in summary
+    md = (work / "gen-profile" / "generate_profile.md").read_text()
+    assert "CPU DRY RUN" in md and "| trainer | measured | 2 |" in md and "| prefill-only | measured | 2 |" in md
+    assert "| after-wake, the next generate |" in md
+    assert md.strip() in summary and md.strip() in (work / "gen-profile.full.log").read_text()  # printed too
+    assert (out / "generate_profile.json").read_text() == (work / "gen-profile" / "generate_profile.json").read_text()
+
     report = json.loads((out / "generate_profile.json").read_text())
-    assert report["cpu_dry_run"] and all(v["status"] == "measured" for v in report["variants"].values())
-    assert "self_cpu_time_total" in (out / "generate_profile_ops.txt").read_text()
+    assert report["cpu_dry_run"] and report["size"] == "cpu" and report["model"]["path"] == str(tiny_model_dir)
+    assert report["order"] == ["trainer", "no-logprobs", "detokenize", "greedy", "prefill-only", "after-wake"]
+    batch = report["batch"]
+    assert batch["sequences"] == 32 and batch["completion_tokens"] == 8  # the cpu size: 16 x 2, 8 tokens
+    for name in report["order"]:
+        variant = report["variants"][name]
+        assert variant["status"] == "measured", (name, variant)
+        assert len(variant["seconds"]) == variant["reps"] == 2 and all(s > 0 for s in variant["seconds"]), name
+        assert variant["ratio_to_floor"] > 0 and variant["step_ratio_to_floor"] > 0, name
+        assert variant["token_ids_returned"] and variant["sequences"] == 32, name
+        expected = 1 if name == "prefill-only" else 8
+        assert variant["tokens"] == 32 * expected and variant["tokens_per_sequence"] == expected, name
+    # The sampling is the trainer's (TRL's defaults, logprobs=0, every sequence full length); each variant
+    # changes its one thing, and log-probs come back unless asked away.
+    trainer = report["variants"]["trainer"]
+    assert trainer["sampling"] == report["sampling"]
+    assert report["sampling"]["logprobs"] == 0 and report["sampling"]["ignore_eos"] is True
+    assert trainer["logprobs_returned"] and not report["variants"]["no-logprobs"]["logprobs_returned"]
+    assert report["variants"]["detokenize"]["sampling"]["detokenize"] is True
+    assert report["variants"]["trainer"]["sampling"]["detokenize"] is False  # the trainer's own sampling
+    assert report["variants"]["greedy"]["sampling"]["temperature"] == 0.0
+    wake = report["variants"]["after-wake"]
+    assert wake["later"]["reps"] == 2 and wake["sleep_s"]["reps"] == wake["wake_s"]["reps"] == 2
+    # The engine is the trainer's: external_launcher, sleep mode, processed log-probs.
+    engine = report["engine"]
+    assert engine["distributed_executor_backend"] == "external_launcher" and engine["enable_sleep_mode"] is True
+    assert engine["logprobs_mode"] == "processed_logprobs" and engine["max_num_seqs"] == 32
+    floor = report["floor"]
+    assert floor["floor_s"] > 0 and floor["decode_steps"] == 8 and floor["params"] > 0
+    assert set(report["differences"]) >= {"logprobs_s", "sampling_s", "decode_s_per_step", "first_after_wake_s"}
+    # The profile: one generate, CPU only here, its op table written and returned.
+    profile = report["profile"]
+    assert profile["status"] == "measured" and profile["wall_s"] > 0 and "gpu_busy_s" not in profile
+    ops = (out / "generate_profile_ops.txt").read_text()
+    assert "top 25 ops by self_cpu_time_total" in ops and "aten::" in ops
+    assert report["versions"]["vllm"] == "0.26.0" and report["commit"]
