@@ -54,11 +54,13 @@ def moved_bytes(before: dict[str, dict[int, int]], after: dict[str, dict[int, in
 def moved_by(engine: Any, offload: Callable[[], None]) -> dict[str, int]:
     """Bytes of each state's storages that `offload()` replaced, as `moved_bytes` counts them.
 
-    The tensors of before stay referenced until after the comparison. Otherwise a storage the
+    The storages of before stay referenced until after the comparison. Otherwise a storage the
     offload frees can be reused at once for the next new buffer: on DeepSpeed's CPU accelerator the
     "offloaded" copies are host buffers from the same allocator, so a moment moved into the address
-    its sibling just left would look as if it had never moved."""
-    held = state_tensors(engine)
+    its sibling just left would look as if it had never moved. The storages, not the tensors: the
+    offload re-points a tensor in place (`state["exp_avg"].data = copy`), which drops the tensor's
+    old storage however long the tensor itself is held."""
+    held = [tensor.untyped_storage() for tensors in state_tensors(engine).values() for tensor in tensors]
     before = storages(engine)
     offload()
     moved = moved_bytes(before, storages(engine))
