@@ -257,3 +257,63 @@ def test_reward_history_keeps_the_latest_forty(tmp_path):
         reporter.on_log(training_args(tmp_path), trainer_state(step, 100), None, logs={"reward": step / 100})
     assert reporter.reward_history == [step / 100 for step in range(6, 46)]
     assert reporter.snapshot(trainer_state(45, 100))["rewardHistory"][-1] == 0.45
+
+
+# Rank 0's progress lines and every rank's stop lines, as the ranks of a pod write them to the stdout they share.
+PROGRESS_WRITER = """
+import sys
+from transformers import TrainerState
+from colocgrpo_training.config import JobRef, ProgressSettings
+from colocgrpo_training.progress import ProgressReporter
+reporter = ProgressReporter(JobRef(name="j", namespace="n"), ProgressSettings(), None, sys.stdout)
+reporter.reward_history.extend([0.5] * 40)
+print("ready", file=sys.stderr, flush=True)
+sys.stdin.read()  # the test's start signal: both writers begin together
+for step in range(1, 401):
+    reporter.report(TrainerState(global_step=step, max_steps=400), final=False)
+"""
+STOP_WRITER = """
+import sys
+from colocgrpo_training.console import say_line
+print("ready", file=sys.stderr, flush=True)
+sys.stdin.read()
+for step in range(400):
+    say_line(f"colocgrpo: stopped by signal 15 at step {step}; checkpoint " + "c" * 300 + " saved")
+"""
+
+
+def test_progress_lines_never_merge_with_other_ranks_lines_on_the_shared_stdout() -> None:
+    """Rank 0's reporter and another rank write 400 lines each into one pipe, unbuffered as the pods run them, from a
+    common start: every line comes out whole (with print, a progress line and its newline are two writes, and another
+    rank's stop line can land between them)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}"}
+    read, write = os.pipe()
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for script in (PROGRESS_WRITER, STOP_WRITER)
+    ]
+    os.close(write)
+    for writer in writers:
+        assert writer.stderr is not None and writer.stderr.readline() == "ready\n"
+    for writer in writers:
+        assert writer.stdin is not None
+        writer.stdin.close()
+    with os.fdopen(read, "rb") as pipe:
+        lines = pipe.read().decode().splitlines()
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    stops = [line for line in lines if line.startswith("colocgrpo: stopped by")]
+    progress = [line for line in lines if not line.startswith("colocgrpo: stopped by")]
+    expected = [f"colocgrpo: stopped by signal 15 at step {s}; checkpoint " + "c" * 300 + " saved" for s in range(400)]
+    assert stops == expected
+    assert [json.loads(line)["progress"]["step"] for line in progress] == list(range(1, 401))

@@ -22,6 +22,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from colocgrpo_training.config import TrainerConfig
+from colocgrpo_training.console import say_line
 from colocgrpo_training.cuda_arch import make_arch_list_deepspeed_readable
 from colocgrpo_training.failures import EXIT_TERMINATED, InvalidConfigError
 from colocgrpo_training.launch import record_exit_code
@@ -162,10 +163,10 @@ def _exit_now(code: int, late: bool = False) -> NoReturn:
     """Flush Python's and C's buffered output, then `os._exit(code)`. `late`: the deadline passed first."""
     if late:
         running = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive())
-        print(
+        say_line(
             f"colocgrpo: the process did not end within {EXIT_DEADLINE_SECONDS:.0f} s of its exit "
             f"(threads still running: {running}); exiting with code {code} anyway",
-            file=sys.stderr,
+            sys.stderr,
         )
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from colocgrpo_training.console import say_line
+
 TERMINATION_LOG_ENV = "COLOCGRPO_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -217,4 +219,4 @@ def write_termination_message(failure: Failure) -> None:
         if _should_replace(path, failure.reason):
             path.write_text(failure.to_json())
     except OSError as err:
-        print(f"colocgrpo: could not write termination message to {path}: {err}", file=sys.stderr)
+        say_line(f"colocgrpo: could not write termination message to {path}: {err}", sys.stderr)

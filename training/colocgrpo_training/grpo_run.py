@@ -132,7 +132,7 @@ def run_grpo(config: TrainerConfig, termination: TerminationRequest) -> int:
                 run.tokenizer.save_pretrained(str(final_dir))
             barrier()  # every rank leaves the save together: a rank that failed in it stops the others
         if trainer.is_world_process_zero():
-            print(f"colocgrpo: final model saved to {final_dir}", flush=True)
+            say_line(f"colocgrpo: final model saved to {final_dir}")
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from colocgrpo_training.config import JobRef, ProgressSettings
+from colocgrpo_training.console import say_line
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ class ProgressReporter(TrainerCallback):
     def report(self, state: TrainerState, *, final: bool) -> None:
         progress = self.snapshot(state)
         stream = self.stream or sys.stdout
-        print(json.dumps({"progress": progress}, sort_keys=True), file=stream, flush=True)
+        say_line(json.dumps({"progress": progress}, sort_keys=True), stream)  # one write: the ranks share stdout
         if self.sender is None or self.patcher is None:
             return
         now = self.clock()
