@@ -160,8 +160,9 @@ test-kopf-floor: $(FLOOR_READY) cluster-bin
 	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-floor" "$(FLOOR_PY)" -m pytest tests/operator \
 		--ignore=tests/operator/test_operator_status.py $(PYTEST_ARGS)
 
+# The longest suite under make test: its 30 slowest tests are listed at its end, to see where its time goes.
 test-trainer: trainer-venv cluster-bin
-	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-trainer" "$(TRAINER_PY)" -m pytest tests/training $(PYTEST_ARGS)
+	COLOCGRPO_TEST_CLUSTER="$(TEST_CLUSTER)-trainer" "$(TRAINER_PY)" -m pytest tests/training --durations=30 $(PYTEST_ARGS)
 
 # The demo runs the tiny CPU job in the trainer image on the real node, with the operator installed from its chart;
 # it builds the images (python -m images.build) when their inputs changed. Where this machine cannot run containers
