@@ -169,6 +169,7 @@ if [[ ",$PARTS," == *",integrity,"* ]]; then
   fi
   export COLOCGRPO_RESULTS_DIR="$WORK/integrity" COLOCGRPO_REQUIRE_GPU="${COLOCGRPO_REQUIRE_GPU:-1}"
   export COLOCGRPO_INTEGRITY_TP="$TP"
+  rm -rf "$WORK/integrity/ranks"  # the launcher adds a folder per run: only this run's ranks are read below
   mkdir -p "$COLOCGRPO_RESULTS_DIR"
   junit=(); (( NPROC == 1 )) && junit=(--junitxml="$WORK/integrity/junit.xml")  # one writer
   # --noconftest: the shared conftest wants the cluster tooling, absent on the GPU machine.
