@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -286,10 +289,6 @@ def test_progress_lines_never_merge_with_other_ranks_lines_on_the_shared_stdout(
     """Rank 0's reporter and another rank write 400 lines each into one pipe, unbuffered as the pods run them, from a
     common start: every line comes out whole (with print, a progress line and its newline are two writes, and another
     rank's stop line can land between them)."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}"}
     read, write = os.pipe()
     writers = [
