@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import yaml
 
 from colocgrpo_training.config import JobRef, ProgressSettings
 from colocgrpo_training.progress import GROUP, PLURAL, VERSION, ProgressReporter, StatusPatcher, progress_metrics
+from support.shared_stream import lines_written_together
 
 pytestmark = pytest.mark.trainer
 
@@ -279,7 +277,7 @@ STOP_WRITER = """
 import sys
 from colocgrpo_training.console import say_line
 print("ready", file=sys.stderr, flush=True)
-sys.stdin.read()
+sys.stdin.read()  # the start signal
 for step in range(400):
     say_line(f"colocgrpo: stopped by signal 15 at step {step}; checkpoint " + "c" * 300 + " saved")
 """
@@ -289,28 +287,7 @@ def test_progress_lines_never_merge_with_other_ranks_lines_on_the_shared_stdout(
     """Rank 0's reporter and another rank write 400 lines each into one pipe, unbuffered as the pods run them, from a
     common start: every line comes out whole (with print, a progress line and its newline are two writes, and another
     rank's stop line can land between them)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}"}
-    read, write = os.pipe()
-    writers = [
-        subprocess.Popen(
-            [sys.executable, "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        for script in (PROGRESS_WRITER, STOP_WRITER)
-    ]
-    os.close(write)
-    for writer in writers:
-        assert writer.stderr is not None and writer.stderr.readline() == "ready\n"
-    for writer in writers:
-        assert writer.stdin is not None
-        writer.stdin.close()
-    with os.fdopen(read, "rb") as pipe:
-        lines = pipe.read().decode().splitlines()
-    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    lines = lines_written_together([PROGRESS_WRITER, STOP_WRITER], "stdout")
     stops = [line for line in lines if line.startswith("colocgrpo: stopped by")]
     progress = [line for line in lines if not line.startswith("colocgrpo: stopped by")]
     expected = [f"colocgrpo: stopped by signal 15 at step {s}; checkpoint " + "c" * 300 + " saved" for s in range(400)]

@@ -20,6 +20,7 @@ import pytest
 from colocgrpo_dev.ports import free_port
 from colocgrpo_training.failures import Failure
 from colocgrpo_training.verdict import GRACE_SECONDS, POLL_SECONDS, Verdict
+from support.shared_stream import lines_written_together
 
 pytestmark = pytest.mark.trainer
 
@@ -122,23 +123,20 @@ def test_the_verdicts_message_says_who_failed_where(verdict, message):
     assert verdict.reported() == Failure("DataError", message)
 
 
+# A rank's writer; the test puts `RANK = <rank>` before it.
 SAYER = """
 import sys
 from colocgrpo_training.console import say_line
+print("ready", flush=True)
+sys.stdin.read()  # the start signal: every writer begins together
 for i in range(300):
-    say_line(f"colocgrpo: DataError: rank {sys.argv[1]} line {i} " + "x" * 900, sys.stderr)
+    say_line(f"colocgrpo: DataError: rank {RANK} line {i} " + "x" * 900, sys.stderr)
 """
 
 
 def test_verdict_lines_of_ranks_sharing_one_stderr_never_interleave() -> None:
     """Four processes, unbuffered as the pods run them, write 300 verdict-sized lines each into one pipe: every line
     comes out whole (with print, the text and its newline are two writes, and lines of two ranks merge)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "training")}
-    read, write = os.pipe()
-    writers = [subprocess.Popen([sys.executable, "-c", SAYER, str(rank)], stderr=write, env=env) for rank in range(4)]
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        lines = pipe.read().decode().splitlines()
-    assert [writer.wait(timeout=60) for writer in writers] == [0] * 4
+    lines = lines_written_together([f"RANK = {rank}\n{SAYER}" for rank in range(4)], "stderr")
     expected = {f"colocgrpo: DataError: rank {rank} line {i} " + "x" * 900 for rank in range(4) for i in range(300)}
     assert len(lines) == len(expected) and set(lines) == expected, [line[:60] for line in lines if line not in expected]
